@@ -1,0 +1,31 @@
+"""tierkv: an asyncio engine that keeps immutable blobs across GPU, PMem and NVMe tiers."""
+
+from tierkv.config import Config, load_config, load_config_text
+from tierkv.errors import (
+    ConfigError,
+    CorruptObjectError,
+    DeviceError,
+    EngineClosedError,
+    ObjectNotFound,
+    PinnedError,
+    TierFullError,
+    TierKVError,
+)
+from tierkv.keys import BlockKey, Key, block_keys
+
+__all__ = [
+    "BlockKey",
+    "Config",
+    "ConfigError",
+    "CorruptObjectError",
+    "DeviceError",
+    "EngineClosedError",
+    "Key",
+    "ObjectNotFound",
+    "PinnedError",
+    "TierFullError",
+    "TierKVError",
+    "block_keys",
+    "load_config",
+    "load_config_text",
+]

@@ -1,0 +1,69 @@
+"""Detection of what this machine offers: CUDA, io_uring, libpmemobj, O_DIRECT on a path."""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import os
+import tempfile
+from pathlib import Path
+
+
+@functools.cache
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+@functools.cache
+def io_uring_available() -> str | None:
+    """``None`` when io_uring works here, else why not."""
+    try:
+        import pyuring
+    except ImportError as exc:  # pragma: no cover - a dependency of the package
+        return f"pyuring is not importable: {exc}"
+    try:
+        ctx = pyuring.direct.UringCtx(entries=2)
+    except Exception as exc:
+        return f"io_uring_setup failed: {exc}"
+    ctx.close()
+    return None
+
+
+@functools.cache
+def libpmemobj_available() -> str | None:
+    """``None`` when libpmemobj and libpmem can be loaded, else why not."""
+    for name in ("pmemobj", "pmem"):
+        if ctypes.util.find_library(name) is None:
+            return f"lib{name} is not installed (Debian package lib{name}1)"
+    return None
+
+
+def o_direct_supported(path: Path) -> bool:
+    """Whether the filesystem that holds (or would hold) `path` accepts O_DIRECT."""
+    directory = path if path.is_dir() else path.parent
+    while not directory.exists():
+        directory = directory.parent
+    if path.exists() and not path.is_dir() and not path.is_file():
+        directory = path  # a block device: try it directly, read-only
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            return False
+        os.close(fd)
+        return True
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".tierkv-odirect-")
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_DIRECT)
+    except OSError:
+        return False
+    else:
+        os.close(fd)
+        return True
+    finally:
+        os.unlink(name)

@@ -1,0 +1,379 @@
+"""The TOML device configuration: schema, validation and loading.
+
+`load_config` takes a path to a TOML file, the text of one (`load_config_text`), an already parsed
+mapping, or a `Config`, and returns a validated, immutable `Config`. Every mistake raises
+`ConfigError` whose message starts with the key path (``tiers[1].capacity: …``). Checks that need
+the machine (a CUDA device that must exist, a path that must be creatable and writable) run here
+too, so a bad config fails before any device is touched.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tierkv._units import parse_duration, parse_size
+from tierkv.errors import ConfigError
+from tierkv.tiers.base import TierKind
+
+E = TypeVar("E", bound=enum.Enum)
+
+MIN_PMEM_POOL = 8 << 20  # PMEMOBJ_MIN_POOL in PMDK 1.12
+NVME_SUPERBLOCK = 4096
+
+
+class WritePolicy(enum.Enum):
+    WRITE_BACK = "write_back"
+    WRITE_THROUGH = "write_through"
+
+
+class NvmeBackend(enum.Enum):
+    AUTO = "auto"
+    IO_URING = "io_uring"
+    THREADS = "threads"
+
+
+class RegionEviction(enum.Enum):
+    FIFO = "fifo"
+    LRU = "lru"
+
+
+class EvictionPolicy(enum.Enum):
+    LRU = "lru"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    write_policy: WritePolicy = WritePolicy.WRITE_BACK
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTierConfig:
+    name: str
+    capacity: int
+    device: str = "auto"
+    slot_size: int = 2 << 20
+    ttl: float = 5.0
+    kind: TierKind = field(default=TierKind.GPU, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PmemTierConfig:
+    name: str
+    capacity: int
+    path: Path
+    format: bool = False
+    kind: TierKind = field(default=TierKind.PMEM, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmeTierConfig:
+    name: str
+    capacity: int
+    path: Path
+    region_size: int = 64 << 20
+    queue_depth: int = 32
+    direct: bool = True
+    backend: NvmeBackend = NvmeBackend.AUTO
+    eviction: RegionEviction = RegionEviction.FIFO
+    reinsert_hits: int = 2
+    format: bool = False
+    kind: TierKind = field(default=TierKind.NVME, init=False)
+
+
+TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: EvictionPolicy = EvictionPolicy.LRU
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    failure_rate: float = 0.6
+    window: float = 60.0
+    slow_operation: float = 0.8
+    cooldown: float = 300.0
+    close_after: int = 3
+    entropy_alert_bits: float = 1.2
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    tiers: tuple[TierConfig, ...]
+    engine: EngineConfig = EngineConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    health: HealthConfig = HealthConfig()
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> Config:
+    """Validate a config given as a TOML file path, a parsed mapping or a `Config`."""
+    if isinstance(source, Config):
+        return source
+    if isinstance(source, Mapping):
+        return _parse(source)
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    return load_config_text(text, origin=str(path))
+
+
+def load_config_text(text: str, *, origin: str = "<config>") -> Config:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    return _parse(document)
+
+
+class _Table:
+    """Typed, path-aware access to one TOML table; `finish` refuses keys nobody asked for."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a table, got {type(data).__name__}")
+        self._data = data
+        self._path = path
+        self._seen: set[str] = set()
+
+    def _key(self, key: str) -> str:
+        return f"{self._path}.{key}" if self._path else key
+
+    def _raw(self, key: str, default: Any) -> Any:
+        self._seen.add(key)
+        if key in self._data:
+            return self._data[key]
+        if default is _REQUIRED:
+            raise ConfigError(f"{self._key(key)}: missing required key")
+        return default
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self._key(key)}: {message}")
+
+    def string(self, key: str, default: Any = None) -> str:
+        value = self._raw(key, _REQUIRED if default is None else default)
+        if not isinstance(value, str) or not value:
+            raise self.error(key, f"expected a non-empty string, got {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {value!r}")
+        return value
+
+    def integer(self, key: str, default: int, *, low: int, high: int) -> int:
+        value = self._raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {value!r}")
+        if not low <= value <= high:
+            raise self.error(key, f"{value} is outside {low}..{high}")
+        return value
+
+    def number(self, key: str, default: float, *, low: float, high: float) -> float:
+        value = self._raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.error(key, f"expected a number, got {value!r}")
+        if not (math.isfinite(value) and low <= value <= high):
+            raise self.error(key, f"{value} is outside {low}..{high}")
+        return float(value)
+
+    def size(self, key: str, default: int | None = None) -> int:
+        value = self._raw(key, _REQUIRED if default is None else default)
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        elif isinstance(value, str):
+            try:
+                size = parse_size(value)
+            except ValueError as exc:
+                raise self.error(key, str(exc)) from None
+        else:
+            raise self.error(key, f"expected a size such as \"512MiB\", got {value!r}")
+        if size <= 0:
+            raise self.error(key, "must be positive")
+        return size
+
+    def duration(self, key: str, default: float) -> float:
+        value = self._raw(key, default)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        elif isinstance(value, str):
+            try:
+                seconds = parse_duration(value)
+            except ValueError as exc:
+                raise self.error(key, str(exc)) from None
+        else:
+            raise self.error(key, f"expected a duration such as \"800ms\", got {value!r}")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise self.error(key, "must be positive")
+        return seconds
+
+    def choice(self, key: str, enum_type: type[E], default: E) -> E:
+        value = self._raw(key, default.value)
+        try:
+            return enum_type(value)
+        except ValueError:
+            allowed = ", ".join(repr(member.value) for member in enum_type)
+            raise self.error(key, f"{value!r} is not one of {allowed}") from None
+
+    def table(self, key: str) -> _Table:
+        return _Table(self._raw(key, {}), self._key(key))
+
+    def finish(self) -> None:
+        unknown = sorted(set(self._data) - self._seen)
+        if unknown:
+            raise self.error(unknown[0], "unknown key")
+
+
+_REQUIRED = object()
+
+
+def _parse(document: Mapping[str, Any]) -> Config:
+    root = _Table(document, "")
+    engine_table = root.table("engine")
+    engine = EngineConfig(
+        engine_table.choice("write_policy", WritePolicy, WritePolicy.WRITE_BACK)
+    )
+    engine_table.finish()
+
+    raw_tiers = root._raw("tiers", _REQUIRED)
+    if not isinstance(raw_tiers, list) or not raw_tiers:
+        raise ConfigError("tiers: expected at least one [[tiers]] table")
+    tiers = tuple(_parse_tier(raw, f"tiers[{i}]") for i, raw in enumerate(raw_tiers))
+    _check_hierarchy(tiers)
+
+    scheduler_table = root.table("scheduler")
+    scheduler = SchedulerConfig(
+        scheduler_table.choice("policy", EvictionPolicy, EvictionPolicy.LRU)
+    )
+    scheduler_table.finish()
+
+    h = root.table("health")
+    defaults = HealthConfig()
+    health = HealthConfig(
+        failure_rate=h.number("failure_rate", defaults.failure_rate, low=0.0, high=1.0),
+        window=h.duration("window", defaults.window),
+        slow_operation=h.duration("slow_operation", defaults.slow_operation),
+        cooldown=h.duration("cooldown", defaults.cooldown),
+        close_after=h.integer("close_after", defaults.close_after, low=1, high=1000),
+        entropy_alert_bits=h.number(
+            "entropy_alert_bits", defaults.entropy_alert_bits, low=0.0, high=64.0
+        ),
+    )
+    h.finish()
+    root.finish()
+    return Config(tiers=tiers, engine=engine, scheduler=scheduler, health=health)
+
+
+def _parse_tier(raw: Any, path: str) -> TierConfig:
+    t = _Table(raw, path)
+    name = t.string("name")
+    kind_text = t.string("kind")
+    try:
+        kind = TierKind(kind_text)
+    except ValueError:
+        allowed = ", ".join(repr(k.value) for k in TierKind)
+        raise t.error("kind", f"{kind_text!r} is not one of {allowed}") from None
+    capacity = t.size("capacity")
+    tier: TierConfig
+    if kind is TierKind.GPU:
+        slot_size = t.size("slot_size", 2 << 20)
+        if capacity < slot_size:
+            raise t.error("capacity", f"{capacity} bytes is less than one slot ({slot_size})")
+        device = _check_device(t, t.string("device", "auto"))
+        tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0))
+    elif kind is TierKind.PMEM:
+        pool = _check_path(t, "path")
+        if capacity < MIN_PMEM_POOL:
+            raise t.error("capacity", f"a pmem pool needs at least {MIN_PMEM_POOL} bytes")
+        tier = PmemTierConfig(name, capacity, pool, t.boolean("format", False))
+    else:
+        log = _check_path(t, "path")
+        region_size = t.size("region_size", 64 << 20)
+        if region_size % 4096 or region_size < (1 << 20):
+            raise t.error("region_size", "must be a multiple of 4KiB and at least 1MiB")
+        if capacity < NVME_SUPERBLOCK + region_size:
+            raise t.error("capacity", "must hold the superblock and at least one region")
+        tier = NvmeTierConfig(
+            name,
+            capacity,
+            log,
+            region_size=region_size,
+            queue_depth=t.integer("queue_depth", 32, low=1, high=4096),
+            direct=t.boolean("direct", True),
+            backend=t.choice("backend", NvmeBackend, NvmeBackend.AUTO),
+            eviction=t.choice("eviction", RegionEviction, RegionEviction.FIFO),
+            reinsert_hits=t.integer("reinsert_hits", 2, low=0, high=1 << 30),
+            format=t.boolean("format", False),
+        )
+    t.finish()
+    return tier
+
+
+def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
+    names: dict[str, int] = {}
+    paths: dict[Path, int] = {}
+    for index, tier in enumerate(tiers):
+        if tier.name in names:
+            raise ConfigError(
+                f"tiers[{index}].name: {tier.name!r} is already the name of tiers[{names[tier.name]}]"
+            )
+        names[tier.name] = index
+        if tier.kind is TierKind.GPU and index != 0:
+            raise ConfigError(f"tiers[{index}].kind: a gpu tier must come first in the hierarchy")
+        if isinstance(tier, PmemTierConfig | NvmeTierConfig):
+            resolved = tier.path.resolve()
+            if resolved in paths:
+                raise ConfigError(
+                    f"tiers[{index}].path: {tier.path} is already used by tiers[{paths[resolved]}]"
+                )
+            paths[resolved] = index
+
+
+def _check_device(t: _Table, device: str) -> str:
+    import torch
+
+    if device in ("auto", "cpu"):
+        return device
+    if device == "cuda" or device.startswith("cuda:"):
+        suffix = device.partition(":")[2]
+        if suffix and not suffix.isdigit():
+            raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
+        if not torch.cuda.is_available():
+            raise t.error("device", f"{device!r} requested but this machine has no CUDA device")
+        index = int(suffix or 0)
+        if index >= torch.cuda.device_count():
+            raise t.error(
+                "device", f"{device!r} does not exist ({torch.cuda.device_count()} CUDA devices)"
+            )
+        return f"cuda:{index}"
+    raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
+
+
+def _check_path(t: _Table, key: str) -> Path:
+    path = Path(t.string(key)).expanduser()
+    if path.exists():
+        if path.is_dir():
+            raise t.error(key, f"{path} is a directory, expected a file or block device")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise t.error(key, f"{path} is not readable and writable")
+        return path
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise t.error(key, f"{path} cannot be created: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise t.error(key, f"{path} cannot be created: {ancestor} is not writable")
+    return path

@@ -1,0 +1,1 @@
+"""Bytes on media: object header, value codec, and the tiers' on-media layouts."""

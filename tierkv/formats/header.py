@@ -1,0 +1,137 @@
+"""The object header: what every object on persistent media starts with.
+
+Layout (little endian)::
+
+    magic "TKVH" | version u16 | reserved u16 | body length u32 | body xxh3-64 u64 | body
+
+The body is a msgpack array ``[key, kind, dtype, shape, payload_length, payload_checksum,
+parents, generation, flags]``. Decoding is strict: the magic, version, body checksum, every field's
+type and the consistency of kind/dtype/shape/length are checked, and anything else raises
+`CorruptObjectError`. msgpack only ever yields plain data here; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import xxhash
+
+from tierkv.errors import CorruptObjectError
+from tierkv.formats.value import ObjectMeta, ValueKind, validate_meta
+
+MAGIC = b"TKVH"
+FORMAT_VERSION = 1
+PREFIX = struct.Struct("<4sHHIQ")
+MAX_BODY = 1 << 20
+MAX_KEY = 1 << 16
+MAX_PARENTS = 4096
+_FIELDS = 9
+
+
+def checksum(data: bytes | bytearray | memoryview) -> int:
+    """The payload checksum stored in headers (xxh3-64)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectHeader:
+    key: bytes
+    meta: ObjectMeta
+    payload_checksum: int
+    flags: int = 0
+
+    @property
+    def payload_length(self) -> int:
+        return self.meta.nbytes
+
+
+def encode_header(header: ObjectHeader) -> bytes:
+    meta = header.meta
+    body = msgpack.packb(
+        [
+            header.key,
+            int(meta.kind),
+            meta.dtype,
+            list(meta.shape),
+            meta.nbytes,
+            header.payload_checksum,
+            list(meta.parents),
+            meta.generation,
+            header.flags,
+        ],
+        use_bin_type=True,
+    )
+    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), checksum(body)) + body
+
+
+def header_length(buf: bytes | bytearray | memoryview) -> int:
+    """Total header length from its prefix, after checking magic and version."""
+    if len(buf) < PREFIX.size:
+        raise CorruptObjectError("truncated header prefix")
+    magic, version, _reserved, body_len, _sum = PREFIX.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise CorruptObjectError("bad header magic")
+    if version != FORMAT_VERSION:
+        raise CorruptObjectError(f"unsupported header version {version}")
+    if body_len > MAX_BODY:
+        raise CorruptObjectError(f"header body of {body_len} bytes is too large")
+    return int(PREFIX.size + body_len)
+
+
+def decode_header(buf: bytes | bytearray | memoryview) -> tuple[ObjectHeader, int]:
+    """Decode the header at the start of `buf`; returns it and its length in bytes."""
+    total = header_length(buf)
+    if len(buf) < total:
+        raise CorruptObjectError("truncated header body")
+    body_sum = PREFIX.unpack_from(buf, 0)[4]
+    body = bytes(memoryview(buf)[PREFIX.size : total])
+    if checksum(body) != body_sum:
+        raise CorruptObjectError("header checksum mismatch")
+    try:
+        fields = msgpack.unpackb(
+            body, raw=False, use_list=False, strict_map_key=True, max_bin_len=MAX_KEY
+        )
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise CorruptObjectError(f"header body is not valid msgpack: {exc}") from exc
+    return _header_from_fields(fields), total
+
+
+def _header_from_fields(fields: Any) -> ObjectHeader:
+    if not isinstance(fields, tuple) or len(fields) != _FIELDS:
+        raise CorruptObjectError("header body is not a 9-field array")
+    key, kind, dtype, shape, length, payload_sum, parents, generation, flags = fields
+    if not isinstance(key, bytes) or not key:
+        raise CorruptObjectError("header key is not non-empty bytes")
+    if not _is_uint(kind) or kind not in ValueKind._value2member_map_:
+        raise CorruptObjectError(f"unknown value kind {kind!r}")
+    if not isinstance(dtype, str):
+        raise CorruptObjectError("header dtype is not a string")
+    if not isinstance(shape, tuple) or not all(_is_uint(d) for d in shape):
+        raise CorruptObjectError("header shape is not a tuple of sizes")
+    if not all(_is_uint(v) for v in (length, payload_sum, generation, flags)):
+        raise CorruptObjectError("header length, checksum, generation or flags is not a uint")
+    if not isinstance(parents, tuple) or len(parents) > MAX_PARENTS:
+        raise CorruptObjectError("header parents is not a list of keys")
+    if not all(isinstance(p, bytes) and p for p in parents):
+        raise CorruptObjectError("header parent is not non-empty bytes")
+    value_kind = ValueKind(kind)
+    validate_meta(value_kind, dtype, shape, length)
+    meta = ObjectMeta(value_kind, dtype, shape, length, generation, parents)
+    return ObjectHeader(key, meta, payload_sum, flags)
+
+
+def _is_uint(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**64
+
+
+def verify_payload(header: ObjectHeader, payload: bytes | bytearray | memoryview) -> None:
+    """Raise `CorruptObjectError` unless `payload` is exactly the bytes `header` describes."""
+    if len(payload) != header.payload_length:
+        raise CorruptObjectError(
+            f"payload is {len(payload)} bytes, header says {header.payload_length}"
+        )
+    if checksum(payload) != header.payload_checksum:
+        raise CorruptObjectError("payload checksum mismatch")

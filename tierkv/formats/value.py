@@ -1,0 +1,134 @@
+"""Value codec: bytes-like objects and torch tensors to a flat payload and back, without pickle.
+
+A value becomes (`ObjectMeta`, payload). The payload of a bytes-like value is a `memoryview` of it
+(no copy); the payload of a tensor is its storage viewed as a flat ``uint8`` tensor on the tensor's
+own device (one copy only when the tensor is not contiguous). `decode_value` rebuilds the value
+from a payload and its meta: `bytes` for bytes-like values, a tensor of the recorded dtype and
+shape for tensors. Only dtypes named in `DTYPES` exist on media; anything else is refused.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tierkv.errors import CorruptObjectError
+
+Value = bytes | bytearray | memoryview | torch.Tensor
+Payload = memoryview | bytes | bytearray | torch.Tensor
+
+
+class ValueKind(enum.IntEnum):
+    BYTES = 1
+    TENSOR = 2
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
+MAX_DIMS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectMeta:
+    """What a tier stores beside the payload bytes, and what the header records on media.
+
+    `generation` orders writes of the same key (the newest wins at recovery); `parents` are the
+    canonical keys this object was derived from (the write-invalidation DAG's edges).
+    """
+
+    kind: ValueKind
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    generation: int = 0
+    parents: tuple[bytes, ...] = ()
+
+    def with_generation(self, generation: int) -> ObjectMeta:
+        return ObjectMeta(self.kind, self.dtype, self.shape, self.nbytes, generation, self.parents)
+
+
+def validate_meta(kind: ValueKind, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
+    """Raise `CorruptObjectError` unless kind, dtype, shape and length describe one value."""
+    if nbytes < 0:
+        raise CorruptObjectError("negative payload length")
+    if kind is ValueKind.BYTES:
+        if dtype or shape:
+            raise CorruptObjectError("a bytes value has no dtype or shape")
+        return
+    torch_dtype = DTYPES.get(dtype)
+    if torch_dtype is None:
+        raise CorruptObjectError(f"unknown dtype {dtype!r}")
+    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+        raise CorruptObjectError(f"bad shape {shape!r}")
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    if math.prod(shape) * itemsize != nbytes:
+        raise CorruptObjectError(f"shape {shape} of {dtype} does not take {nbytes} bytes")
+
+
+def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[ObjectMeta, Payload]:
+    """Split a value into its meta and a flat payload (see the module docstring)."""
+    if isinstance(value, torch.Tensor):
+        name = _DTYPE_NAMES.get(value.dtype)
+        if name is None:
+            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
+        if value.is_sparse or value.layout is not torch.strided:
+            raise TypeError("only dense strided tensors can be stored")
+        flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
+        meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
+        return meta, flat
+    if isinstance(value, bytes | bytearray | memoryview):
+        view = memoryview(value)
+        if not view.contiguous:
+            raise TypeError("a bytes-like value must be contiguous")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        return ObjectMeta(ValueKind.BYTES, "", (), view.nbytes, 0, parents), view
+    raise TypeError(f"a value is bytes-like or a torch.Tensor, not {type(value).__name__}")
+
+
+def payload_view(payload: Payload) -> memoryview:
+    """A flat byte view of a host payload (a CPU tensor is viewed, not copied)."""
+    if isinstance(payload, torch.Tensor):
+        if payload.device.type != "cpu":
+            payload = payload.cpu()
+        return memoryview(payload.numpy()).cast("B")  # type: ignore[arg-type]
+    view = memoryview(payload)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def decode_value(meta: ObjectMeta, payload: Payload) -> bytes | torch.Tensor:
+    """Rebuild the value; the caller hands over ownership of `payload` (it may be aliased)."""
+    if meta.kind is ValueKind.BYTES:
+        if isinstance(payload, bytes):
+            return payload
+        return bytes(payload_view(payload))
+    dtype = DTYPES[meta.dtype]
+    if isinstance(payload, torch.Tensor):
+        flat = payload
+    elif meta.nbytes == 0:
+        flat = torch.empty(0, dtype=torch.uint8)
+    else:
+        buffer = payload if isinstance(payload, bytearray | memoryview) else bytearray(payload)
+        if isinstance(buffer, memoryview) and buffer.readonly:
+            buffer = bytearray(buffer)
+        flat = torch.frombuffer(buffer, dtype=torch.uint8)
+    if flat.numel() != meta.nbytes:
+        raise CorruptObjectError(f"payload holds {flat.numel()} bytes, meta says {meta.nbytes}")
+    return flat.view(dtype).reshape(meta.shape)

@@ -1,0 +1,124 @@
+"""Cache keys: chained prefix-block keys and the canonical byte form every tier stores.
+
+A key reaches the engine as a `BlockKey`, `bytes` or `str`. Each is turned into one canonical
+byte string (`encode_key`) that is the identity of the object everywhere below the public API:
+the engine's index, the tier contract, the object header on media. A domain tag byte keeps the
+three kinds apart, so ``b"a"`` and ``"a"`` are different keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tierkv.errors import CorruptObjectError
+
+DIGEST_SIZE = 16
+
+_TAG_BLOCK = 0x01
+_TAG_BYTES = 0x02
+_TAG_STR = 0x03
+_BLOCK_TAIL = struct.Struct("<Qd")
+_BLOCK_ENCODED_SIZE = 1 + DIGEST_SIZE + _BLOCK_TAIL.size
+_CHAIN_DOMAIN = b"tierkv.block.v1\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    """Key of one KV-cache block of a token prefix.
+
+    `digest` (16 bytes) chains the namespace salt, the model id, the parent block's digest and this
+    block's token ids, so equal digests mean equal prefixes. `context_length` is the number of
+    tokens the key covers; `rope_theta` keeps different position encodings apart.
+    """
+
+    digest: bytes
+    context_length: int
+    rope_theta: float
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.digest, bytes) or len(self.digest) != DIGEST_SIZE:
+            raise ValueError(f"BlockKey.digest must be {DIGEST_SIZE} bytes")
+        if isinstance(self.context_length, bool) or not isinstance(self.context_length, int):
+            raise TypeError("BlockKey.context_length must be an int")
+        if not 0 <= self.context_length < 2**64:
+            raise ValueError("BlockKey.context_length must be a non-negative 64-bit int")
+        if not isinstance(self.rope_theta, int | float) or not math.isfinite(self.rope_theta):
+            raise ValueError("BlockKey.rope_theta must be a finite number")
+
+
+Key = BlockKey | bytes | str
+
+
+def block_keys(
+    token_ids: Sequence[int],
+    *,
+    block_size: int,
+    model: str,
+    rope_theta: float,
+    namespace: bytes = b"",
+) -> list[BlockKey]:
+    """One chained `BlockKey` per *full* block of `token_ids` (a partial tail gets no key).
+
+    The digest of block i is SHA-256 over (namespace salt, model, digest of block i-1, the block's
+    token ids), truncated to 16 bytes. Every length is framed, so no two different inputs share the
+    hashed byte string.
+    """
+    if block_size <= 0:
+        raise ValueError("block_size must be positive")
+    model_bytes = model.encode()
+    salt = hashlib.sha256(
+        _CHAIN_DOMAIN
+        + struct.pack("<I", len(namespace))
+        + namespace
+        + struct.pack("<I", len(model_bytes))
+        + model_bytes
+        + struct.pack("<d", float(rope_theta))
+    ).digest()
+    keys: list[BlockKey] = []
+    parent = b"\x00" * DIGEST_SIZE
+    for end in range(block_size, len(token_ids) + 1, block_size):
+        block = token_ids[end - block_size : end]
+        hasher = hashlib.sha256(salt)
+        hasher.update(parent)
+        hasher.update(struct.pack(f"<{block_size}q", *block))
+        parent = hasher.digest()[:DIGEST_SIZE]
+        keys.append(BlockKey(parent, end, float(rope_theta)))
+    return keys
+
+
+def encode_key(key: Key) -> bytes:
+    """The canonical byte form of a public key (see the module docstring)."""
+    if isinstance(key, BlockKey):
+        return bytes((_TAG_BLOCK,)) + key.digest + _BLOCK_TAIL.pack(
+            key.context_length, float(key.rope_theta)
+        )
+    if isinstance(key, str):
+        return bytes((_TAG_STR,)) + key.encode()
+    if isinstance(key, bytes | bytearray | memoryview):
+        return bytes((_TAG_BYTES,)) + bytes(key)
+    raise TypeError(f"a key is a BlockKey, bytes or str, not {type(key).__name__}")
+
+
+def decode_key(raw: bytes) -> Key:
+    """The public key a canonical byte form came from; `CorruptObjectError` if it is none."""
+    if not raw:
+        raise CorruptObjectError("empty key")
+    tag = raw[0]
+    if tag == _TAG_BYTES:
+        return raw[1:]
+    if tag == _TAG_STR:
+        try:
+            return raw[1:].decode()
+        except UnicodeDecodeError as exc:
+            raise CorruptObjectError("str key is not UTF-8") from exc
+    if tag == _TAG_BLOCK and len(raw) == _BLOCK_ENCODED_SIZE:
+        length, theta = _BLOCK_TAIL.unpack_from(raw, 1 + DIGEST_SIZE)
+        try:
+            return BlockKey(raw[1 : 1 + DIGEST_SIZE], length, theta)
+        except (TypeError, ValueError) as exc:
+            raise CorruptObjectError(f"bad block key: {exc}") from exc
+    raise CorruptObjectError(f"unknown key encoding (tag {tag:#x}, {len(raw)} bytes)")

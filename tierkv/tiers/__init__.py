@@ -1,0 +1,1 @@
+"""Storage mechanisms behind one contract (`tierkv.tiers.base.Tier`)."""

@@ -1,0 +1,193 @@
+"""The Tier contract: what every storage tier (GPU slots, PMem pool, NVMe log) promises.
+
+A tier is a *mechanism*: it stores and returns the bytes of the keys it is told about. It never
+decides where an object should live; the engine owns the index (key → tiers) and asks the
+scheduler for policy. Keys are canonical byte strings (`tierkv.keys.encode_key`).
+
+Lifecycle: ``CREATED → open() → OPEN → close() → CLOSED``. `open` prepares the device and returns
+what it recovered from the media (nothing for a volatile tier); `close` is idempotent. Every other
+coroutine raises `EngineClosedError` unless the tier is open.
+
+Buffers: `put` copies the payload before it returns, so the caller may reuse its buffer at once.
+`get` returns a payload the caller owns (never a view of tier memory that could be reused).
+
+Space: a tier never holds more than `capacity` bytes (counted as `footprint`, i.e. with slot or
+alignment rounding). Tiers whose objects are freed one by one (GPU, PMem) answer `fits()` and
+raise `TierFullError` from `put` when the object does not fit; the engine then evicts victims the
+scheduler picks and retries. Log-structured tiers (NVMe) reclaim whole regions themselves: their
+`put` returns the keys it dropped to make room, which the engine removes from its index.
+
+Concurrency: all coroutines may be called concurrently from tasks of one event loop. A `get`
+that overlaps a `delete` of the same key returns either the whole object or ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import torch
+
+from tierkv.errors import EngineClosedError
+from tierkv.formats.value import ObjectMeta, Payload
+
+
+class TierKind(enum.Enum):
+    GPU = "gpu"
+    PMEM = "pmem"
+    NVME = "nvme"
+
+
+class TierState(enum.Enum):
+    CREATED = "created"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredObject:
+    """An object a persistent tier found intact on its media at open."""
+
+    key: bytes
+    meta: ObjectMeta
+
+
+class Tier(ABC):
+    """Base class of every tier; subclasses implement the `_`-prefixed hooks and the data path."""
+
+    kind: ClassVar[TierKind]
+    persistent: ClassVar[bool] = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.state = TierState.CREATED
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def open(self) -> list[RecoveredObject]:
+        """Prepare the device and return the objects recovered from it (volatile tiers: none)."""
+        if self.state is not TierState.CREATED:
+            raise EngineClosedError(f"tier {self.name!r} cannot be opened twice")
+        recovered = await self._open()
+        self.state = TierState.OPEN
+        return recovered
+
+    async def close(self) -> None:
+        """Release the device; persistent tiers make what they hold durable first. Idempotent."""
+        if self.state is TierState.OPEN:
+            self.state = TierState.CLOSED
+            await self._close()
+        self.state = TierState.CLOSED
+
+    @abstractmethod
+    async def _open(self) -> list[RecoveredObject]: ...
+
+    @abstractmethod
+    async def _close(self) -> None: ...
+
+    def _check_open(self) -> None:
+        if self.state is not TierState.OPEN:
+            raise EngineClosedError(f"tier {self.name!r} is {self.state.value}")
+
+    # -- space -----------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def capacity(self) -> int:
+        """Bytes this tier may occupy."""
+
+    @property
+    @abstractmethod
+    def used(self) -> int:
+        """Bytes occupied now (footprints, not payload lengths)."""
+
+    def footprint(self, nbytes: int) -> int:
+        """Bytes an object of `nbytes` payload bytes occupies in this tier."""
+        return nbytes
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether an object of `nbytes` can be put now without anything being evicted."""
+        return self.used + self.footprint(nbytes) <= self.capacity
+
+    def can_ever_hold(self, nbytes: int) -> bool:
+        """Whether an object of `nbytes` fits into this tier when it is empty."""
+        return self.footprint(nbytes) <= self.capacity
+
+    # -- data path -------------------------------------------------------------------------------
+    @abstractmethod
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
+        """Store `payload` under `key`, replacing any earlier object of that key.
+
+        Returns the keys the tier dropped on its own to make room (log-structured tiers only).
+        Raises `TierFullError` when the object does not fit and `DeviceError` when the device
+        fails; in both cases nothing already stored under other keys is lost.
+        """
+
+    @abstractmethod
+    async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
+        """The object's meta and a payload the caller owns, or ``None`` on a miss.
+
+        A persistent tier verifies the checksum and answers ``None`` (and counts it) instead of
+        returning bytes that fail it. Raises `DeviceError` when the device fails.
+        """
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[tuple[ObjectMeta, Payload] | None]:
+        """`get` of every key, concurrently, results in order."""
+        return list(await asyncio.gather(*(self.get(key) for key in keys)))
+
+    @abstractmethod
+    async def delete(self, key: bytes) -> bool:
+        """Remove the object; whether there was one."""
+
+    @abstractmethod
+    async def contains(self, key: bytes) -> bool:
+        """Whether the tier holds an object under `key`."""
+
+    @abstractmethod
+    def keys(self) -> Iterator[bytes]:
+        """The keys held now (a snapshot; safe to mutate the tier while iterating)."""
+
+    async def flush(self) -> None:
+        """Make everything put so far durable (a no-op for volatile tiers)."""
+        self._check_open()
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters and gauges for `Engine.stats()`; subclasses extend the dict."""
+        return {
+            "kind": self.kind.value,
+            "capacity": self.capacity,
+            "used": self.used,
+            "persistent": self.persistent,
+        }
+
+    def describe(self) -> dict[str, str]:
+        """What was detected about the device, for `tierkv info` (one line per entry)."""
+        return {}
+
+
+class PinToken(Protocol):
+    """An opaque handle on one resident allocation, returned by `ZeroCopyPinning.acquire_pin`."""
+
+
+@runtime_checkable
+class ZeroCopyPinning(Protocol):
+    """A tier that can lend its resident memory out as a tensor (the GPU tier).
+
+    While a token is held, the allocation it names is neither evicted, moved nor reused, even if
+    the key is deleted or overwritten meanwhile (the memory is freed when the last pin goes).
+    """
+
+    def acquire_pin(self, key: bytes) -> tuple[PinToken, torch.Tensor]:
+        """Pin the object under `key`; `KeyError` if absent. The tensor aliases tier memory."""
+        ...
+
+    def release_pin(self, token: PinToken) -> None:
+        """Give a pin back (exactly once per `acquire_pin`)."""
+        ...
+
+    def is_pinned(self, key: bytes) -> bool:
+        """Whether the current object under `key` has a live pin."""
+        ...
