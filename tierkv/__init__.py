@@ -1,6 +1,7 @@
 """tierkv: an asyncio engine that keeps immutable blobs across GPU, PMem and NVMe tiers."""
 
 from tierkv.config import Config, load_config, load_config_text
+from tierkv.engine import Engine, PinHandle, open
 from tierkv.errors import (
     ConfigError,
     CorruptObjectError,
@@ -19,13 +20,16 @@ __all__ = [
     "ConfigError",
     "CorruptObjectError",
     "DeviceError",
+    "Engine",
     "EngineClosedError",
     "Key",
     "ObjectNotFound",
+    "PinHandle",
     "PinnedError",
     "TierFullError",
     "TierKVError",
     "block_keys",
     "load_config",
     "load_config_text",
+    "open",
 ]

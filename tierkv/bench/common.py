@@ -1,0 +1,58 @@
+"""Shared pieces of the benchmarks: result rows, percentiles, progress reporting."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: called as progress(phase, done, total) while a benchmark runs
+Progress = Callable[[str, int, int], None]
+
+
+def no_progress(phase: str, done: int, total: int) -> None:
+    """A `Progress` that shows nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One figure beside its baseline from the same run.
+
+    `ratio` is measured / baseline (for latencies, where lower is better, the caller states the
+    direction in `case`); `target` is the ratio the project aims for, if any.
+    """
+
+    case: str
+    unit: str
+    measured: float
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline is None or self.baseline == 0:
+            return None
+        return self.measured / self.baseline
+
+    @property
+    def meets_target(self) -> bool | None:
+        ratio = self.ratio
+        if self.target is None or ratio is None:
+            return None
+        return ratio >= self.target
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ratio"] = self.ratio
+        data["meets_target"] = self.meets_target
+        return data
+
+
+def percentile(sorted_samples: Sequence[float], fraction: float) -> float:
+    """The `fraction` quantile (nearest rank) of already sorted samples."""
+    if not sorted_samples:
+        return math.nan
+    rank = min(len(sorted_samples) - 1, max(0, math.ceil(fraction * len(sorted_samples)) - 1))
+    return sorted_samples[rank]

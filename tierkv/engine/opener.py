@@ -1,0 +1,48 @@
+"""`tierkv.open`: usable as ``kv = await tierkv.open(cfg)`` and ``async with tierkv.open(cfg)``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping
+from types import TracebackType
+from typing import Any
+
+from tierkv.config import Config, load_config
+from tierkv.engine.engine import Engine
+from tierkv.tiers.registry import make_tier
+
+
+async def open_engine(config: str | os.PathLike[str] | Mapping[str, Any] | Config) -> Engine:
+    loaded = load_config(config)
+    engine = Engine(loaded, [make_tier(tier) for tier in loaded.tiers])
+    await engine._start()
+    return engine
+
+
+class EngineOpening:
+    """The pending result of `tierkv.open`; await it, or enter it with ``async with``."""
+
+    def __init__(self, config: str | os.PathLike[str] | Mapping[str, Any] | Config) -> None:
+        self._config = config
+        self._engine: Engine | None = None
+
+    def __await__(self) -> Generator[Any, None, Engine]:
+        return open_engine(self._config).__await__()
+
+    async def __aenter__(self) -> Engine:
+        self._engine = await open_engine(self._config)
+        return self._engine
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._engine is not None:
+            await self._engine.close()
+
+
+def open(config: str | os.PathLike[str] | Mapping[str, Any] | Config) -> EngineOpening:
+    """Open an engine on `config` (a TOML path, a parsed mapping or a `Config`)."""
+    return EngineOpening(config)

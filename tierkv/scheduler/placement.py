@@ -1,0 +1,27 @@
+"""Where an object goes: its first tier on put, and the tier below when it is evicted.
+
+Until the cost-model scheduler lands, the hierarchy is walked top-down: an object enters the
+fastest tier that can hold it at all, and an evicted object moves to the next tier down that can.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class SizedTier(Protocol):
+    def can_ever_hold(self, nbytes: int) -> bool: ...
+
+
+def first_tier_for(tiers: Sequence[SizedTier], nbytes: int, start: int = 0) -> int | None:
+    """Index of the first tier at or after `start` able to hold `nbytes`, or ``None``."""
+    for index in range(start, len(tiers)):
+        if tiers[index].can_ever_hold(nbytes):
+            return index
+    return None
+
+
+def demotion_target(tiers: Sequence[SizedTier], index: int, nbytes: int) -> int | None:
+    """Where an object evicted from tier `index` goes; ``None`` means it is dropped."""
+    return first_tier_for(tiers, nbytes, index + 1)

@@ -1,0 +1,258 @@
+"""L1: one preallocated tensor on a CUDA device (or the CPU) cut into fixed-size slots.
+
+At open the tier allocates `capacity` bytes once, as a flat ``uint8`` tensor on the configured
+device (``cpu`` memory is page-locked when CUDA exists so host↔device copies can be async). An
+object occupies ⌈size / slot_size⌉ contiguous slots; nothing is allocated on the device on the
+put/get path and the tier never holds more than its capacity.
+
+Copies to and from a CUDA device run on a dedicated stream; the coroutine awaits a CUDA event that a
+worker thread waits on, so the event loop never blocks on the device. Because every copy of this
+tier is ordered on that one stream, a slot freed while a read of it is still queued cannot be
+overwritten before the read completes. On ``cpu`` the copies are plain memcpys done inline.
+
+Pins (`ZeroCopyPinning`): a pinned allocation is lent out as a tensor view of the slot memory; it is
+not freed while any pin holds it, even when its key is deleted or overwritten meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tierkv._platform import cuda_available
+from tierkv.config import GpuTierConfig
+from tierkv.errors import TierFullError
+from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
+from tierkv.tiers._slots import SlotAllocator
+from tierkv.tiers.base import PinToken, RecoveredObject, Tier, TierKind
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class _Allocation:
+    """Slots held by one object; `pins` > 0 keeps them from being freed."""
+
+    start: int
+    count: int
+    meta: ObjectMeta
+    pins: int = 0
+    detached: bool = False  # its key was deleted or overwritten while pinned
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda:0" if cuda_available() else "cpu")
+    return torch.device(name)
+
+
+class GpuTier(Tier):
+    """The L1 slot pool (see the module docstring)."""
+
+    kind = TierKind.GPU
+    persistent = False
+
+    def __init__(self, config: GpuTierConfig) -> None:
+        super().__init__(config.name)
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.slot_size = config.slot_size
+        self._slot_count = config.capacity // config.slot_size
+        self._allocator = SlotAllocator(self._slot_count)
+        self._objects: dict[bytes, _Allocation] = {}
+        self._storage = torch.empty(0, dtype=torch.uint8)
+        self._host: memoryview | None = None
+        self._stream: Any = None
+        self._waiter: ThreadPoolExecutor | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def _open(self) -> list[RecoveredObject]:
+        nbytes = self._slot_count * self.slot_size
+        if self.device.type == "cuda":
+            self._storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+            self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"tierkv-{self.name}-events")
+        else:
+            self._storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda_available())
+            self._host = memoryview(self._storage.numpy())  # type: ignore[arg-type]
+        log.info("tier %s: %d slots of %d bytes on %s", self.name, self._slot_count,
+                 self.slot_size, self.device)
+        return []
+
+    async def _close(self) -> None:
+        if self._stream is not None:
+            await self._wait(self._record())
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
+        if self._host is not None:
+            self._host.release()
+            self._host = None
+        self._objects.clear()
+        self._storage = torch.empty(0, dtype=torch.uint8)
+
+    # -- space -----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._slot_count * self.slot_size
+
+    @property
+    def used(self) -> int:
+        return (self._slot_count - self._allocator.free) * self.slot_size
+
+    def _slots_for(self, nbytes: int) -> int:
+        return math.ceil(nbytes / self.slot_size)
+
+    def footprint(self, nbytes: int) -> int:
+        return self._slots_for(nbytes) * self.slot_size
+
+    def fits(self, nbytes: int) -> bool:
+        return self._allocator.can_allocate(self._slots_for(nbytes))
+
+    # -- data path -------------------------------------------------------------------------------
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
+        self._check_open()
+        count = self._slots_for(meta.nbytes)
+        if count > self._slot_count:
+            raise TierFullError(f"tier {self.name!r}: {meta.nbytes} bytes exceed its capacity")
+        start = self._allocator.allocate(count)
+        if start is None:
+            raise TierFullError(f"tier {self.name!r}: no run of {count} free slots")
+        allocation = _Allocation(start, count, meta)
+        offset = start * self.slot_size
+        try:
+            if self._host is not None:
+                self._host[offset : offset + meta.nbytes] = payload_view(payload)
+            else:
+                await self._copy_in(offset, meta.nbytes, payload)
+        except BaseException:
+            self._allocator.release(start, count)
+            raise
+        previous = self._objects.get(key)
+        self._objects[key] = allocation
+        if previous is not None:
+            self._drop(previous)
+        return ()
+
+    async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
+        self._check_open()
+        allocation = self._objects.get(key)
+        if allocation is None:
+            return None
+        meta = allocation.meta
+        offset = allocation.start * self.slot_size
+        if self._host is not None:
+            if meta.kind is ValueKind.BYTES:
+                return meta, bytes(self._host[offset : offset + meta.nbytes])
+            return meta, self._storage[offset : offset + meta.nbytes].clone()
+        return meta, await self._copy_out(offset, meta)
+
+    async def delete(self, key: bytes) -> bool:
+        self._check_open()
+        allocation = self._objects.pop(key, None)
+        if allocation is None:
+            return False
+        self._drop(allocation)
+        return True
+
+    async def contains(self, key: bytes) -> bool:
+        self._check_open()
+        return key in self._objects
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(list(self._objects))
+
+    def _drop(self, allocation: _Allocation) -> None:
+        if allocation.pins:
+            allocation.detached = True
+        else:
+            self._allocator.release(allocation.start, allocation.count)
+
+    # -- pins ------------------------------------------------------------------------------------
+    def acquire_pin(self, key: bytes) -> tuple[PinToken, torch.Tensor]:
+        self._check_open()
+        allocation = self._objects[key]
+        allocation.pins += 1
+        offset = allocation.start * self.slot_size
+        return allocation, self._storage[offset : offset + allocation.meta.nbytes]
+
+    def release_pin(self, token: PinToken) -> None:
+        assert isinstance(token, _Allocation), "a pin token comes from acquire_pin"
+        token.pins -= 1
+        if token.pins == 0 and token.detached and self._storage.numel():
+            self._allocator.release(token.start, token.count)
+
+    def is_pinned(self, key: bytes) -> bool:
+        allocation = self._objects.get(key)
+        return allocation is not None and allocation.pins > 0
+
+    # -- CUDA copies -----------------------------------------------------------------------------
+    def _record(self) -> Any:
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self._stream)
+        return event
+
+    async def _wait(self, event: Any) -> None:
+        if not event.query():
+            await asyncio.get_running_loop().run_in_executor(self._waiter, event.synchronize)
+
+    async def _copy_in(self, offset: int, nbytes: int, payload: Payload) -> None:
+        if isinstance(payload, torch.Tensor):
+            source = payload
+        else:
+            with warnings.catch_warnings():
+                # the buffer is only read, and kept alive until the copy's event completes
+                warnings.simplefilter("ignore", UserWarning)
+                source = torch.frombuffer(payload_view(payload), dtype=torch.uint8) if nbytes else (
+                    torch.empty(0, dtype=torch.uint8))
+        with torch.cuda.stream(self._stream):
+            self._storage[offset : offset + nbytes].copy_(source, non_blocking=True)
+            event = self._record()
+        await self._wait(event)
+
+    async def _copy_out(self, offset: int, meta: ObjectMeta) -> Payload:
+        source = self._storage[offset : offset + meta.nbytes]
+        with torch.cuda.stream(self._stream):
+            if meta.kind is ValueKind.BYTES:
+                out = torch.empty(meta.nbytes, dtype=torch.uint8, pin_memory=True)
+            else:
+                out = torch.empty(meta.nbytes, dtype=torch.uint8, device=self.device)
+            out.copy_(source, non_blocking=True)
+            event = self._record()
+        await self._wait(event)
+        if meta.kind is ValueKind.BYTES:
+            return bytes(payload_view(out))
+        return out
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        pinned = sum(1 for a in self._objects.values() if a.pins)
+        stats.update(device=str(self.device), slot_size=self.slot_size, slots=self._slot_count,
+                     free_slots=self._allocator.free, objects=len(self._objects), pinned=pinned)
+        return stats
+
+    def describe(self) -> dict[str, str]:
+        return describe_device(self.config)
+
+
+def describe_device(config: GpuTierConfig) -> dict[str, str]:
+    """What `tierkv info` says about a gpu tier's device, without allocating anything."""
+    device = resolve_device(config.device)
+    facts = {"device": str(device), "slots": f"{config.capacity // config.slot_size} x "
+             f"{config.slot_size} bytes"}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        facts["cuda"] = f"{props.name}, {props.total_memory / 2**30:.1f} GiB"
+    else:
+        facts["cuda"] = (
+            "available (cpu slots are page-locked)" if cuda_available() else "not available"
+        )
+    return facts
