@@ -20,7 +20,8 @@ class Row:
     """One figure beside its baseline from the same run.
 
     `ratio` is measured / baseline (for latencies, where lower is better, the caller states the
-    direction in `case`); `target` is the ratio the project aims for, if any.
+    direction in `case`); `target` is the least ratio the project aims for, if any. `at_most` and
+    `at_least` are absolute goals for figures that have no baseline (a p50 latency bound).
     """
 
     case: str
@@ -29,6 +30,8 @@ class Row:
     baseline: float | None = None
     baseline_name: str = ""
     target: float | None = None
+    at_most: float | None = None
+    at_least: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -38,10 +41,14 @@ class Row:
 
     @property
     def meets_target(self) -> bool | None:
-        ratio = self.ratio
-        if self.target is None or ratio is None:
-            return None
-        return ratio >= self.target
+        checks: list[bool] = []
+        if self.target is not None and self.ratio is not None:
+            checks.append(self.ratio >= self.target)
+        if self.at_most is not None:
+            checks.append(self.measured <= self.at_most)
+        if self.at_least is not None:
+            checks.append(self.measured >= self.at_least)
+        return all(checks) if checks else None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -194,7 +194,8 @@ class TierConformance:
         size = tier.capacity + 1
         assert not tier.can_ever_hold(size)
         with pytest.raises(TierFullError):
-            await tier.put(key_of(7), bytes_meta(b""), memoryview(bytearray(size)))
+            await tier.put(key_of(7), ObjectMeta(ValueKind.BYTES, "", (), size, 1),
+                           memoryview(bytearray(size)))
         # nothing else was disturbed
         await self._put(tier, key_of(8), b"still fine")
         got = await tier.get(key_of(8))

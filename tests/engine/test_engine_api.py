@@ -1,0 +1,194 @@
+"""The public engine API on an L1-only engine (CPU device)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import tierkv
+from tests.engine.conftest import l1_config
+
+
+async def test_open_as_await_and_as_context_manager(tmp_path: Path) -> None:
+    kv = await tierkv.open(l1_config())
+    await kv.put("k", b"v")
+    assert await kv.get("k") == b"v"
+    await kv.close()
+    await kv.close()  # idempotent
+    with pytest.raises(tierkv.EngineClosedError):
+        await kv.get("k")
+    config_file = tmp_path / "devices.toml"
+    config_file.write_text(
+        '[[tiers]]\nname = "l1"\nkind = "gpu"\ndevice = "cpu"\ncapacity = "64KiB"\n'
+        'slot_size = "4KiB"\n'
+    )
+    async with tierkv.open(config_file) as kv2:
+        assert await kv2.get("k") is None
+
+
+async def test_values_round_trip_with_kind_dtype_and_shape() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put(b"raw", bytearray(b"abc"))
+        await kv.put("mv", memoryview(b"defg"))
+        tensor = torch.randn(4, 5, dtype=torch.float32)
+        await kv.put("t", tensor)
+        half = torch.ones(3, 2, dtype=torch.bfloat16)
+        await kv.put("h", half)
+        assert await kv.get(b"raw") == b"abc"
+        assert await kv.get("mv") == b"defg"
+        got = await kv.get("t")
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+        assert torch.equal(got, tensor)
+        got_half = await kv.get("h")
+        assert isinstance(got_half, torch.Tensor) and got_half.shape == (3, 2)
+        assert torch.equal(got_half, half)
+        tensor.fill_(0)  # the engine kept its own copy
+        still = await kv.get("t")
+        assert isinstance(still, torch.Tensor) and not torch.equal(still, tensor)
+
+
+async def test_bytes_and_str_keys_are_distinct() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put(b"a", b"bytes")
+        await kv.put("a", b"str")
+        assert await kv.get(b"a") == b"bytes"
+        assert await kv.get("a") == b"str"
+
+
+async def test_block_keys_store_and_find_prefix() -> None:
+    tokens = list(range(64))
+    keys = tierkv.block_keys(tokens, block_size=16, model="m@1", rope_theta=1e4)
+    async with tierkv.open(l1_config()) as kv:
+        for i, key in enumerate(keys[:2]):
+            await kv.put(key, bytes([i]) * 10)
+        again = tierkv.block_keys(tokens[:48], block_size=16, model="m@1", rope_theta=1e4)
+        assert await kv.get_many(again) == [bytes([0]) * 10, bytes([1]) * 10, None]
+
+
+async def test_contains_locate_delete_invalidate() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put("k", b"v")
+        assert await kv.contains("k")
+        assert await kv.locate("k") == "l1"
+        assert await kv.invalidate("k") == 1
+        assert await kv.invalidate("k") == 0
+        assert not await kv.contains("k")
+        assert await kv.locate("k") is None
+        await kv.put("k", b"v")
+        assert await kv.delete("k")
+        assert not await kv.delete("k")
+        assert await kv.get("k") is None
+
+
+async def test_put_many_and_get_many_keep_order() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put_many({f"k{i}": bytes([i]) for i in range(5)})
+        await kv.put_many([("x", b"1"), ("y", b"2")])
+        got = await kv.get_many(["k4", "nope", "k0", "y"])
+        assert got == [bytes([4]), None, bytes([0]), b"2"]
+
+
+async def test_full_l1_evicts_least_recently_used() -> None:
+    async with tierkv.open(l1_config(capacity="16KiB", slot_size="4KiB")) as kv:
+        for i in range(4):
+            await kv.put(f"k{i}", bytes([i]) * 4096)
+        await kv.get("k0")  # k1 is now the least recently used
+        await kv.put("k4", b"new" * 1000)
+        assert await kv.get("k1") is None
+        assert await kv.get("k0") == bytes([0]) * 4096
+        stats = kv.stats()
+        assert stats["tiers"]["l1"]["used"] <= stats["tiers"]["l1"]["capacity"]
+        assert stats["engine"]["evictions"] == {"l1": 1}
+
+
+async def test_object_larger_than_every_tier_is_refused() -> None:
+    async with tierkv.open(l1_config(capacity="16KiB", slot_size="4KiB")) as kv:
+        await kv.put("small", b"s")
+        with pytest.raises(tierkv.TierFullError):
+            await kv.put("huge", bytes(17 * 1024))
+        assert await kv.get("small") == b"s"
+        assert not await kv.contains("huge")
+
+
+async def test_pin_yields_the_resident_tensor_and_blocks_eviction() -> None:
+    async with tierkv.open(l1_config(capacity="16KiB", slot_size="4KiB")) as kv:
+        tensor = torch.arange(1024, dtype=torch.float32)
+        await kv.put("p", tensor)
+        async with kv.pin("p") as handle:
+            assert handle.value.dtype == torch.float32 and handle.value.shape == (1024,)
+            handle.value[0] = -1.0  # zero copy: this is the cached object itself
+            for i in range(8):
+                await kv.put(f"filler{i}", bytes(4096))
+            assert await kv.locate("p") == "l1"
+            assert kv.stats()["engine"]["pinned"] == 1
+        got = await kv.get("p")
+        assert isinstance(got, torch.Tensor) and got[0] == -1.0
+        assert kv.stats()["engine"]["pinned"] == 0
+
+
+async def test_pin_of_a_missing_key_raises_object_not_found() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        with pytest.raises(tierkv.ObjectNotFound):
+            async with kv.pin("missing"):
+                pass
+        with pytest.raises(KeyError):
+            async with kv.pin("missing"):
+                pass
+
+
+async def test_idle_objects_leave_l1_after_ttl() -> None:
+    async with tierkv.open(l1_config(ttl="50ms")) as kv:
+        await kv.put("idle", b"x")
+        await kv.put("pinned", b"y")
+        async with kv.pin("pinned"):
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not await kv.contains("idle"):
+                    break
+            assert not await kv.contains("idle")
+            assert await kv.contains("pinned")
+        assert kv.stats()["engine"]["expired"] >= 1
+
+
+async def test_concurrent_tasks_never_see_another_keys_bytes() -> None:
+    async with tierkv.open(l1_config(capacity="64KiB", slot_size="1KiB")) as kv:
+
+        async def worker(w: int) -> None:
+            for i in range(200):
+                key = f"k{(w * 7 + i) % 40}"
+                if i % 3 == 0:
+                    await kv.put(key, key.encode() * 50)
+                else:
+                    got = await kv.get(key)
+                    assert got is None or got == key.encode() * 50
+
+        await asyncio.gather(*(worker(w) for w in range(8)))
+
+
+async def test_rewrite_returns_the_new_value_only() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put("k", b"old")
+        await kv.put("k", os.urandom(10) + b"new")
+        got = await kv.get("k")
+        assert isinstance(got, bytes) and got.endswith(b"new")
+        assert kv.stats()["engine"]["objects"] == 1
+
+
+async def test_bad_values_and_keys_are_type_errors() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        with pytest.raises(TypeError):
+            await kv.put("k", 12)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await kv.put(12, b"v")  # type: ignore[arg-type]
+        assert kv.stats()["engine"]["objects"] == 0
+
+
+async def test_unclosed_engine_warns() -> None:
+    kv = await tierkv.open(l1_config())
+    with pytest.warns(ResourceWarning):
+        kv.__del__()
+    await kv.close()

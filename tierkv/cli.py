@@ -1,0 +1,242 @@
+"""The `tierkv` command: `info` (what each configured tier found) and `bench` (measurements).
+
+Errors a user can cause (a bad config, a missing device) print one line and exit 2; a device
+failure exits 1; neither prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tierkv._platform import cuda_available, io_uring_available, libpmemobj_available
+from tierkv._units import format_size, parse_size
+from tierkv.bench.common import Row
+from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig, load_config
+from tierkv.defaults import default_config, shm_or
+from tierkv.errors import ConfigError, TierKVError
+
+console = Console()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"tierkv: config error: {exc}", file=sys.stderr)
+        return 2
+    except TierKVError as exc:
+        print(f"tierkv: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tierkv", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    info = commands.add_parser("info", help="show the configured tiers and what was detected")
+    info.add_argument("--config", type=Path, help="TOML device config (default: embedded)")
+    info.set_defaults(func=_info)
+
+    bench = commands.add_parser("bench", help="measure the engine or one tier beside a baseline")
+    bench.add_argument("--config", type=Path, help="TOML device config (default: embedded)")
+    bench.add_argument("--device", choices=("engine", "gpu", "pmem", "nvme"), default="engine",
+                       help="engine: L1 figures and a workload through the whole hierarchy; "
+                            "gpu: the L1 figures only; pmem/nvme: that tier against memcpy/fio")
+    bench.add_argument("--size", type=_size_arg, default=256 << 10,
+                       help="object size of the workload (default 256KiB)")
+    bench.add_argument("--count", type=int, default=2048, help="objects in the workload")
+    bench.add_argument("--concurrency", type=int, default=8, help="tasks issuing requests")
+    bench.add_argument("--quick", action="store_true", help="shorter runs (CI, smoke tests)")
+    bench.add_argument("--workdir", type=Path, default=Path("/var/tmp"),
+                       help="where the embedded config and device benchmarks put files on disk")
+    bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _config_for(path: Path | None, workdir: Path) -> Iterator[Config]:
+    """The config at `path`, or the embedded default with its files in fresh temporary dirs."""
+    if path is not None:
+        yield load_config(path)
+        return
+    if not workdir.is_dir():
+        raise ConfigError(f"--workdir: {workdir} is not a directory")
+    nvme_dir = Path(tempfile.mkdtemp(prefix="tierkv-", dir=workdir))
+    pmem_dir = Path(tempfile.mkdtemp(prefix="tierkv-", dir=shm_or(workdir)))
+    try:
+        yield default_config(pmem_dir, nvme_dir)
+    finally:
+        shutil.rmtree(nvme_dir, ignore_errors=True)
+        shutil.rmtree(pmem_dir, ignore_errors=True)
+
+
+# -- info ----------------------------------------------------------------------------------------
+def _info(args: argparse.Namespace) -> int:
+    with _config_for(args.config, Path(tempfile.gettempdir())) as config:
+        console.print(f"[bold]tierkv[/bold] write policy: {config.engine.write_policy.value}")
+        console.print(f"CUDA: {'available' if cuda_available() else 'not available'}")
+        console.print(f"io_uring: {io_uring_available() or 'available'}")
+        console.print(f"libpmemobj: {libpmemobj_available() or 'available'}")
+        for index, tier in enumerate(config.tiers):
+            console.print(f"\n[bold]tiers[{index}] {tier.name}[/bold] kind={tier.kind.value} "
+                          f"capacity={format_size(tier.capacity)}")
+            for name, value in _probe(tier).items():
+                console.print(f"  {name}: {value}")
+    return 0
+
+
+def _probe(tier: GpuTierConfig | PmemTierConfig | NvmeTierConfig) -> dict[str, str]:
+    if isinstance(tier, GpuTierConfig):
+        from tierkv.tiers.gpu import describe_device
+
+        return describe_device(tier)
+    if isinstance(tier, PmemTierConfig):
+        from tierkv.tiers import pmem
+
+        return pmem.probe(tier)
+    from tierkv.tiers import nvme
+
+    return nvme.probe(tier)
+
+
+# -- bench ---------------------------------------------------------------------------------------
+class _Bar:
+    """A rich progress bar with one line per benchmark phase."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        task = self._tasks.get(phase)
+        if task is None:
+            task = self._tasks[phase] = self._progress.add_task(phase, total=total)
+        self._progress.update(task, completed=done, total=total)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {}
+    rows: list[Row] = []
+    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn(
+        "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
+    with progress, _config_for(args.config, args.workdir) as config:
+        bar = _Bar(progress)
+        for name, job in _bench_jobs(args, config):
+            section, section_rows = asyncio.run(job(bar))
+            results[name] = section
+            rows.extend(section_rows)
+    _print_rows(rows)
+    if args.json:
+        document = {"results": results, "rows": [row.to_json() for row in rows]}
+        args.json.write_text(json.dumps(document, indent=2, default=str))
+        console.print(f"results written to {args.json}")
+    return 0
+
+
+Job = Callable[[_Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
+
+
+def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job]]:
+    from tierkv.bench import engine as engine_bench
+
+    quick = bool(args.quick)
+    jobs: list[tuple[str, Job]] = []
+    if args.device in ("engine", "gpu"):
+        jobs.append(("l1_get_4k", lambda bar: engine_bench.l1_get_latency(
+            config, count=30_000 if quick else 200_000, progress=bar)))
+        jobs.append(("l1_tensor_2m", lambda bar: engine_bench.l1_tensor_bandwidth(
+            config, rounds=64 if quick else 512, progress=bar)))
+    if args.device == "engine":
+        jobs.append(("workload", lambda bar: _workload(config, args, bar)))
+    if args.device == "nvme":
+        jobs.append(("nvme", lambda bar: _device_bench("nvme", args, bar)))
+    if args.device == "pmem":
+        jobs.append(("pmem", lambda bar: _device_bench("pmem", args, bar)))
+    return jobs
+
+
+async def _workload(
+    config: Config, args: argparse.Namespace, bar: _Bar
+) -> tuple[dict[str, Any], list[Row]]:
+    from tierkv.bench.engine import workload
+    from tierkv.engine import open as open_engine
+
+    count = min(args.count, 512) if args.quick else args.count
+    async with open_engine(config) as kv:
+        result, rows = await workload(
+            kv, size=args.size, count=count, concurrency=args.concurrency, progress=bar
+        )
+        result["stats"] = kv.stats()
+    return result, rows
+
+
+async def _device_bench(
+    device: str, args: argparse.Namespace, bar: _Bar
+) -> tuple[dict[str, Any], list[Row]]:
+    workdir: Path = args.workdir
+    if device == "pmem":
+        from tierkv.bench.pmem import run_pmem_bench
+
+        with tempfile.TemporaryDirectory(prefix="tierkv-", dir=shm_or(workdir)) as pool_dir:
+            result = await run_pmem_bench(Path(pool_dir), quick=args.quick, progress=bar)
+    else:
+        from tierkv.bench.nvme import run_nvme_bench
+
+        with tempfile.TemporaryDirectory(prefix="tierkv-", dir=workdir) as log_dir:
+            result = await run_nvme_bench(Path(log_dir), quick=args.quick, progress=bar)
+    return result, [Row(**_row_fields(row)) for row in result.get("rows", [])]
+
+
+def _row_fields(row: dict[str, Any]) -> dict[str, Any]:
+    fields = ("case", "unit", "measured", "baseline", "baseline_name", "target", "at_most",
+              "at_least")
+    return {name: row[name] for name in fields if name in row}
+
+
+def _print_rows(rows: list[Row]) -> None:
+    table = Table(title="tierkv bench")
+    for column in ("case", "measured", "baseline", "ratio", "goal", "met"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for row in rows:
+        baseline = f"{row.baseline:,.1f} ({row.baseline_name})" if row.baseline else ""
+        ratio = f"{row.ratio:.2f}" if row.ratio is not None else ""
+        goal = []
+        if row.target is not None:
+            goal.append(f"ratio ≥ {row.target:g}")
+        if row.at_most is not None:
+            goal.append(f"≤ {row.at_most:g}")
+        if row.at_least is not None:
+            goal.append(f"≥ {row.at_least:,g}")
+        met = {True: "yes", False: "NO", None: ""}[row.meets_target]
+        table.add_row(row.case, f"{row.measured:,.1f} {row.unit}", baseline, ratio,
+                      ", ".join(goal), met)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The embedded default configuration: runs anywhere, needs no device set up.
+
+The gpu tier lives on CUDA where there is one and on the CPU otherwise; the pmem pool is a file on
+tmpfs (``/dev/shm``: an *emulated* persistent memory that survives a process crash, not a reboot);
+the nvme log is a file in a temporary directory on disk. Paths are filled in at run time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tierkv.config import Config, load_config_text
+
+DEFAULT_TEMPLATE = """
+[engine]
+write_policy = "write_back"
+
+[[tiers]]
+name = "gpu"
+kind = "gpu"
+device = "auto"
+capacity = "256MiB"
+slot_size = "256KiB"
+ttl = "5s"
+
+[[tiers]]
+name = "pmem"
+kind = "pmem"
+path = "{pmem_dir}/tierkv.pool"
+capacity = "512MiB"
+format = true
+
+[[tiers]]
+name = "nvme"
+kind = "nvme"
+path = "{nvme_dir}/tierkv.log"
+capacity = "2GiB"
+region_size = "16MiB"
+queue_depth = 32
+direct = true
+format = true
+"""
+
+
+def default_config_text(pmem_dir: Path, nvme_dir: Path) -> str:
+    return DEFAULT_TEMPLATE.format(pmem_dir=pmem_dir, nvme_dir=nvme_dir)
+
+
+def default_config(pmem_dir: Path, nvme_dir: Path) -> Config:
+    """The default hierarchy with its pool under `pmem_dir` and its log under `nvme_dir`."""
+    return load_config_text(default_config_text(pmem_dir, nvme_dir), origin="<embedded default>")
+
+
+def shm_or(fallback: Path) -> Path:
+    """``/dev/shm`` where it exists (a tmpfs), else `fallback`."""
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else fallback
