@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
@@ -14,8 +15,8 @@ def parse_size(text: str) -> int:
     match = _NUMBER_UNIT.match(text)
     if not match or match.group(2) not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size (use B, KiB, MiB, GiB or TiB)")
-    value = float(match.group(1)) * _SIZE_UNITS[match.group(2)]
-    if value != int(value):
+    value = Fraction(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if value.denominator != 1:
         raise ValueError(f"{text!r} is not a whole number of bytes")
     return int(value)
 

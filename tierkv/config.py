@@ -326,9 +326,8 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
     paths: dict[Path, int] = {}
     for index, tier in enumerate(tiers):
         if tier.name in names:
-            raise ConfigError(
-                f"tiers[{index}].name: {tier.name!r} is already the name of tiers[{names[tier.name]}]"
-            )
+            first = names[tier.name]
+            raise ConfigError(f"tiers[{index}].name: {tier.name!r} is already tiers[{first}]'s name")
         names[tier.name] = index
         if tier.kind is TierKind.GPU and index != 0:
             raise ConfigError(f"tiers[{index}].kind: a gpu tier must come first in the hierarchy")
@@ -362,7 +361,14 @@ def _check_device(t: _Table, device: str) -> str:
 
 
 def _check_path(t: _Table, key: str) -> Path:
-    path = Path(t.string(key)).expanduser()
+    text = t.string(key)
+    if "\x00" in text:
+        raise t.error(key, "a path cannot contain a NUL byte")
+    path = Path(text).expanduser()
+    try:
+        path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise t.error(key, f"{path} cannot be resolved: {exc}") from None
     if path.exists():
         if path.is_dir():
             raise t.error(key, f"{path} is a directory, expected a file or block device")

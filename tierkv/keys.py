@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from tierkv.errors import CorruptObjectError
 
 DIGEST_SIZE = 16
+#: longest canonical key (and parent key) an object header can carry
+MAX_KEY_SIZE = 1 << 16
 
 _TAG_BLOCK = 0x01
 _TAG_BYTES = 0x02
@@ -46,7 +48,14 @@ class BlockKey:
             raise TypeError("BlockKey.context_length must be an int")
         if not 0 <= self.context_length < 2**64:
             raise ValueError("BlockKey.context_length must be a non-negative 64-bit int")
-        if not isinstance(self.rope_theta, int | float) or not math.isfinite(self.rope_theta):
+        theta = self.rope_theta
+        if isinstance(theta, bool) or not isinstance(theta, int | float):
+            raise ValueError("BlockKey.rope_theta must be a finite number")
+        try:
+            finite = math.isfinite(theta)
+        except OverflowError:  # an int too large for a float
+            finite = False
+        if not finite:
             raise ValueError("BlockKey.rope_theta must be a finite number")
 
 
@@ -91,16 +100,23 @@ def block_keys(
 
 
 def encode_key(key: Key) -> bytes:
-    """The canonical byte form of a public key (see the module docstring)."""
+    """The canonical byte form of a public key (see the module docstring).
+
+    Raises `TypeError` for other types and `ValueError` for keys longer than `MAX_KEY_SIZE`.
+    """
     if isinstance(key, BlockKey):
         return bytes((_TAG_BLOCK,)) + key.digest + _BLOCK_TAIL.pack(
             key.context_length, float(key.rope_theta)
         )
     if isinstance(key, str):
-        return bytes((_TAG_STR,)) + key.encode()
-    if isinstance(key, bytes | bytearray | memoryview):
-        return bytes((_TAG_BYTES,)) + bytes(key)
-    raise TypeError(f"a key is a BlockKey, bytes or str, not {type(key).__name__}")
+        raw = bytes((_TAG_STR,)) + key.encode()
+    elif isinstance(key, bytes | bytearray | memoryview):
+        raw = bytes((_TAG_BYTES,)) + bytes(key)
+    else:
+        raise TypeError(f"a key is a BlockKey, bytes or str, not {type(key).__name__}")
+    if len(raw) > MAX_KEY_SIZE:
+        raise ValueError(f"a key is at most {MAX_KEY_SIZE - 1} bytes")
+    return raw
 
 
 def decode_key(raw: bytes) -> Key:

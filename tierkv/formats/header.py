@@ -21,12 +21,13 @@ import xxhash
 
 from tierkv.errors import CorruptObjectError
 from tierkv.formats.value import ObjectMeta, ValueKind, validate_meta
+from tierkv.keys import MAX_KEY_SIZE
 
 MAGIC = b"TKVH"
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<4sHHIQ")
 MAX_BODY = 1 << 20
-MAX_KEY = 1 << 16
+MAX_KEY = MAX_KEY_SIZE
 MAX_PARENTS = 4096
 _FIELDS = 9
 
@@ -49,7 +50,12 @@ class ObjectHeader:
 
 
 def encode_header(header: ObjectHeader) -> bytes:
+    """The header's bytes; `ValueError` for what `decode_header` would refuse (over-long keys)."""
     meta = header.meta
+    if not header.key or len(header.key) > MAX_KEY or len(meta.parents) > MAX_PARENTS:
+        raise ValueError("header key or parents out of bounds")
+    if any(not parent or len(parent) > MAX_KEY for parent in meta.parents):
+        raise ValueError("header parent key out of bounds")
     body = msgpack.packb(
         [
             header.key,
@@ -71,11 +77,13 @@ def header_length(buf: bytes | bytearray | memoryview) -> int:
     """Total header length from its prefix, after checking magic and version."""
     if len(buf) < PREFIX.size:
         raise CorruptObjectError("truncated header prefix")
-    magic, version, _reserved, body_len, _sum = PREFIX.unpack_from(buf, 0)
+    magic, version, reserved, body_len, _sum = PREFIX.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptObjectError("bad header magic")
     if version != FORMAT_VERSION:
         raise CorruptObjectError(f"unsupported header version {version}")
+    if reserved != 0:
+        raise CorruptObjectError("reserved header bits are set")
     if body_len > MAX_BODY:
         raise CorruptObjectError(f"header body of {body_len} bytes is too large")
     return int(PREFIX.size + body_len)

@@ -91,7 +91,8 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
             raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
         if value.is_sparse or value.layout is not torch.strided:
             raise TypeError("only dense strided tensors can be stored")
-        flat = value.detach().contiguous().reshape(-1).view(torch.uint8)
+        resolved = value.detach().resolve_conj().resolve_neg()
+        flat = resolved.contiguous().reshape(-1).view(torch.uint8)
         meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
         return meta, flat
     if isinstance(value, bytes | bytearray | memoryview):
@@ -115,6 +116,9 @@ def payload_view(payload: Payload) -> memoryview:
 
 def decode_value(meta: ObjectMeta, payload: Payload) -> bytes | torch.Tensor:
     """Rebuild the value; the caller hands over ownership of `payload` (it may be aliased)."""
+    length = payload.numel() if isinstance(payload, torch.Tensor) else payload_view(payload).nbytes
+    if length != meta.nbytes:
+        raise CorruptObjectError(f"payload holds {length} bytes, meta says {meta.nbytes}")
     if meta.kind is ValueKind.BYTES:
         if isinstance(payload, bytes):
             return payload
@@ -129,6 +133,4 @@ def decode_value(meta: ObjectMeta, payload: Payload) -> bytes | torch.Tensor:
         if isinstance(buffer, memoryview) and buffer.readonly:
             buffer = bytearray(buffer)
         flat = torch.frombuffer(buffer, dtype=torch.uint8)
-    if flat.numel() != meta.nbytes:
-        raise CorruptObjectError(f"payload holds {flat.numel()} bytes, meta says {meta.nbytes}")
     return flat.view(dtype).reshape(meta.shape)

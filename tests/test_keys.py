@@ -1,0 +1,291 @@
+"""Chained block keys and the canonical key encoding (`tierkv.keys`)."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from tierkv import BlockKey, CorruptObjectError, block_keys
+from tierkv.keys import DIGEST_SIZE, MAX_KEY_SIZE, Key, decode_key, encode_key
+
+MODEL = "llama-3-8b@rev1"
+THETA = 500000.0
+
+tokens = st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=64)
+block_sizes = st.integers(min_value=1, max_value=8)
+finite_floats = st.floats(allow_nan=False, allow_infinity=False)
+digests = st.binary(min_size=DIGEST_SIZE, max_size=DIGEST_SIZE)
+block_key_values = st.builds(
+    BlockKey, digests, st.integers(min_value=0, max_value=2**64 - 1), finite_floats
+)
+any_keys: st.SearchStrategy[Key] = st.one_of(block_key_values, st.binary(), st.text())
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+def _keys(
+    token_ids: list[int],
+    block_size: int,
+    *,
+    model: str = MODEL,
+    rope_theta: float = THETA,
+    namespace: bytes = b"",
+) -> list[BlockKey]:
+    return block_keys(
+        token_ids, block_size=block_size, model=model, rope_theta=rope_theta, namespace=namespace
+    )
+
+
+@FAST
+@given(tokens, block_sizes)
+def test_one_key_per_full_block_and_no_key_for_the_tail(token_ids: list[int], size: int) -> None:
+    keys = _keys(token_ids, size)
+    assert len(keys) == len(token_ids) // size
+    assert [k.context_length for k in keys] == [size * (i + 1) for i in range(len(keys))]
+    assert all(len(k.digest) == DIGEST_SIZE and k.rope_theta == THETA for k in keys)
+    assert len({k.digest for k in keys}) == len(keys)
+
+
+@FAST
+@given(tokens, tokens, block_sizes)
+def test_equal_prefixes_give_equal_keys(prefix: list[int], tail: list[int], size: int) -> None:
+    full = _keys(prefix + tail, size)
+    alone = _keys(prefix, size)
+    assert full[: len(alone)] == alone
+
+
+@FAST
+@given(tokens, block_sizes, st.binary(), st.binary())
+def test_namespace_changes_every_key(token_ids: list[int], size: int, a: bytes, b: bytes) -> None:
+    assume(a != b)
+    _assert_all_differ(_keys(token_ids, size, namespace=a), _keys(token_ids, size, namespace=b))
+
+
+@FAST
+@given(tokens, block_sizes, st.text(), st.text())
+def test_model_changes_every_key(token_ids: list[int], size: int, a: str, b: str) -> None:
+    assume(a != b)
+    _assert_all_differ(_keys(token_ids, size, model=a), _keys(token_ids, size, model=b))
+
+
+@FAST
+@given(tokens, block_sizes, finite_floats, finite_floats)
+def test_rope_theta_changes_every_key(token_ids: list[int], size: int, a: float, b: float) -> None:
+    assume(a != b)
+    _assert_all_differ(_keys(token_ids, size, rope_theta=a), _keys(token_ids, size, rope_theta=b))
+
+
+def _assert_all_differ(left: list[BlockKey], right: list[BlockKey]) -> None:
+    assert len(left) == len(right)
+    for one, other in zip(left, right, strict=True):
+        assert one.digest != other.digest
+        assert one != other
+
+
+@FAST
+@given(st.data(), tokens.filter(bool), block_sizes)
+def test_changing_token_i_changes_keys_from_its_block_on(
+    data: st.DataObject, token_ids: list[int], size: int
+) -> None:
+    index = data.draw(st.integers(min_value=0, max_value=len(token_ids) - 1))
+    replacement = data.draw(st.integers(min_value=-(2**63), max_value=2**63 - 1))
+    assume(replacement != token_ids[index])
+    changed = list(token_ids)
+    changed[index] = replacement
+    before, after = _keys(token_ids, size), _keys(changed, size)
+    first = index // size
+    assert before[:first] == after[:first]
+    for one, other in zip(before[first:], after[first:], strict=True):
+        assert one.digest != other.digest
+
+
+def test_block_boundaries_are_part_of_the_digest() -> None:
+    # The same tokens cut at a different block size must not collide with a shorter chain.
+    assert _keys([1, 2, 3, 4], 2)[1].digest != _keys([1, 2, 3, 4], 4)[0].digest
+    assert _keys([1, 2, 3, 4], 2)[0].digest != _keys([1, 2], 1)[1].digest
+
+
+def test_namespace_and_model_framing_do_not_collide() -> None:
+    # "ab"+"c" and "a"+"bc" would hash alike without length framing.
+    left = block_keys([7], block_size=1, model="bc", rope_theta=1.0, namespace=b"a")
+    right = block_keys([7], block_size=1, model="c", rope_theta=1.0, namespace=b"ab")
+    assert left[0].digest != right[0].digest
+
+
+def test_block_keys_is_deterministic_and_accepts_plain_int_theta() -> None:
+    first = block_keys(list(range(10)), block_size=4, model=MODEL, rope_theta=10000)
+    second = block_keys(tuple(range(10)), block_size=4, model=MODEL, rope_theta=10000.0)
+    assert first == second
+    assert len(first) == 2
+    assert isinstance(first[0].rope_theta, float)
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_block_size_must_be_positive(size: int) -> None:
+    with pytest.raises(ValueError):
+        block_keys([1, 2, 3], block_size=size, model=MODEL, rope_theta=THETA)
+
+
+def test_empty_and_short_inputs_have_no_keys() -> None:
+    assert block_keys([], block_size=4, model=MODEL, rope_theta=THETA) == []
+    assert block_keys([1, 2, 3], block_size=4, model=MODEL, rope_theta=THETA) == []
+
+
+@FAST
+@given(any_keys)
+def test_encode_decode_round_trip(key: Key) -> None:
+    raw = encode_key(key)
+    decoded = decode_key(raw)
+    assert type(decoded) is type(key)
+    assert decoded == key
+    assert encode_key(decoded) == raw
+
+
+@FAST
+@given(st.binary())
+def test_bytes_like_keys_encode_as_bytes(data: bytes) -> None:
+    raw = encode_key(data)
+    # Accepted at runtime although `Key` names only bytes: a buffer is as good a key.
+    assert encode_key(bytearray(data)) == raw  # type: ignore[arg-type]
+    assert encode_key(memoryview(data)) == raw  # type: ignore[arg-type]
+    assert decode_key(raw) == data
+
+
+@FAST
+@given(st.text())
+def test_bytes_and_str_keys_are_separate_domains(text: str) -> None:
+    assert encode_key(text) != encode_key(text.encode())
+
+
+def test_domain_separation_of_equal_looking_keys() -> None:
+    digest = bytes(range(DIGEST_SIZE))
+    block = BlockKey(digest, 256, THETA)
+    encodings = {encode_key(b"a"), encode_key("a"), encode_key(block), encode_key(digest)}
+    assert len(encodings) == 4
+    assert decode_key(encode_key(b"a")) == b"a"
+    assert decode_key(encode_key("a")) == "a"
+
+
+def test_empty_bytes_and_str_keys_round_trip() -> None:
+    assert decode_key(encode_key(b"")) == b""
+    assert decode_key(encode_key("")) == ""
+
+
+@pytest.mark.parametrize("key", [42, 1.5, None, ("a",), [b"a"]])
+def test_encode_key_refuses_other_types(key: object) -> None:
+    with pytest.raises(TypeError):
+        encode_key(key)  # type: ignore[arg-type]
+
+
+# Mostly bytes that start with a real tag, some of exactly a block key's encoded length.
+key_like_bytes = st.one_of(
+    st.binary(max_size=40),
+    st.tuples(st.integers(0, 4), st.binary(max_size=40)).map(lambda t: bytes([t[0]]) + t[1]),
+    st.binary(min_size=DIGEST_SIZE + 16, max_size=DIGEST_SIZE + 16).map(lambda b: b"\x01" + b),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(key_like_bytes)
+def test_decode_key_of_arbitrary_bytes_round_trips_or_raises(raw: bytes) -> None:
+    try:
+        key = decode_key(raw)
+    except CorruptObjectError:
+        return
+    assert encode_key(key) == raw
+
+
+@FAST
+@given(digests, st.integers(min_value=0, max_value=2**64 - 1), finite_floats)
+def test_decode_key_of_block_shaped_bytes(digest: bytes, length: int, theta: float) -> None:
+    raw = b"\x01" + digest + struct.pack("<Qd", length, theta)
+    assert decode_key(raw) == BlockKey(digest, length, theta)
+
+
+@pytest.mark.parametrize("theta", [math.nan, math.inf, -math.inf])
+def test_decode_key_refuses_non_finite_theta(theta: float) -> None:
+    raw = b"\x01" + bytes(DIGEST_SIZE) + struct.pack("<Qd", 1, theta)
+    with pytest.raises(CorruptObjectError):
+        decode_key(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",
+        b"\x00abc",
+        b"\x04",
+        b"\xff" * 3,
+        b"\x03\xff\xfe",  # a str key that is not UTF-8
+        b"\x03\xed\xa0\x80",  # a UTF-8 encoded surrogate
+        b"\x01" + bytes(DIGEST_SIZE),  # a block key without its tail
+        b"\x01" + bytes(DIGEST_SIZE + 16 + 1),  # one byte too many
+    ],
+)
+def test_decode_key_refuses_malformed_encodings(raw: bytes) -> None:
+    with pytest.raises(CorruptObjectError):
+        decode_key(raw)
+
+
+@pytest.mark.parametrize("digest", [b"", b"x" * (DIGEST_SIZE - 1), b"x" * (DIGEST_SIZE + 1)])
+def test_block_key_refuses_digest_of_wrong_length(digest: bytes) -> None:
+    with pytest.raises(ValueError):
+        BlockKey(digest, 1, THETA)
+
+
+def test_block_key_refuses_digest_that_is_not_bytes() -> None:
+    with pytest.raises(ValueError):
+        BlockKey(bytearray(DIGEST_SIZE), 1, THETA)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        BlockKey("x" * DIGEST_SIZE, 1, THETA)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [1.0, "1", True, None])
+def test_block_key_refuses_context_length_that_is_not_an_int(length: object) -> None:
+    with pytest.raises(TypeError):
+        BlockKey(bytes(DIGEST_SIZE), length, THETA)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("length", [-1, 2**64])
+def test_block_key_refuses_context_length_out_of_range(length: int) -> None:
+    with pytest.raises(ValueError):
+        BlockKey(bytes(DIGEST_SIZE), length, THETA)
+
+
+@pytest.mark.parametrize("theta", [math.nan, math.inf, -math.inf, "1.0", None])
+def test_block_key_refuses_theta_that_is_not_a_finite_number(theta: object) -> None:
+    with pytest.raises(ValueError):
+        BlockKey(bytes(DIGEST_SIZE), 1, theta)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("theta", [10**400, -(10**400), True, False])
+def test_block_key_refuses_theta_too_large_for_a_float_or_bool(theta: object) -> None:
+    with pytest.raises(ValueError):
+        BlockKey(bytes(DIGEST_SIZE), 1, theta)  # type: ignore[arg-type]
+
+
+def test_block_key_accepts_int_theta_that_fits_a_float() -> None:
+    assert decode_key(encode_key(BlockKey(bytes(DIGEST_SIZE), 1, 10**300))) == BlockKey(
+        bytes(DIGEST_SIZE), 1, float(10**300)
+    )
+
+
+def test_encode_key_refuses_keys_over_the_size_limit() -> None:
+    longest = MAX_KEY_SIZE - 1  # one byte goes to the domain tag
+    assert len(encode_key(b"k" * longest)) == MAX_KEY_SIZE
+    assert len(encode_key("k" * longest)) == MAX_KEY_SIZE
+    with pytest.raises(ValueError):
+        encode_key(b"k" * (longest + 1))
+    with pytest.raises(ValueError):
+        encode_key("\u00e9" * (longest // 2 + 1))  # the limit counts UTF-8 bytes
+
+
+def test_block_key_is_hashable_and_frozen() -> None:
+    key = BlockKey(bytes(DIGEST_SIZE), 4, THETA)
+    assert {key: 1}[BlockKey(bytes(DIGEST_SIZE), 4, THETA)] == 1
+    with pytest.raises(AttributeError):
+        key.context_length = 5  # type: ignore[misc]
