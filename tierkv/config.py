@@ -327,7 +327,7 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
     for index, tier in enumerate(tiers):
         if tier.name in names:
             first = names[tier.name]
-            raise ConfigError(f"tiers[{index}].name: {tier.name!r} is already tiers[{first}]'s name")
+            raise ConfigError(f"tiers[{index}].name: {tier.name!r} is taken by tiers[{first}]")
         names[tier.name] = index
         if tier.kind is TierKind.GPU and index != 0:
             raise ConfigError(f"tiers[{index}].kind: a gpu tier must come first in the hierarchy")
