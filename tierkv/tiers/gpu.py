@@ -212,6 +212,9 @@ class GpuTier(Tier):
                 warnings.simplefilter("ignore", UserWarning)
                 source = torch.frombuffer(payload_view(payload), dtype=torch.uint8) if nbytes else (
                     torch.empty(0, dtype=torch.uint8))
+        if source.device.type == "cuda":
+            # the caller's kernels that produce the source run on its current stream
+            self._stream.wait_stream(torch.cuda.current_stream(source.device))
         with torch.cuda.stream(self._stream):
             self._storage[offset : offset + nbytes].copy_(source, non_blocking=True)
             event = self._record()
