@@ -1,0 +1,157 @@
+"""`tierkv bench --device pmem`: PmemTier put/get bandwidth beside memcpy, and 4 KiB put latency.
+
+For each object size the benchmark puts a batch of distinct keys through the `PmemTier` API (one
+at a time, as a caller awaiting each put would), gets them all back, and deletes them; the
+baseline is a plain memcpy (numpy ``copyto`` between two preallocated arrays) of the same sizes
+and count, measured in the same run. Each phase is repeated and the best repetition kept for
+both sides alike. The pool lives in `directory` (tmpfs by default: emulated, not real pmem) and is
+deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tierkv._units import format_size
+from tierkv.bench.common import Progress, Row, no_progress, percentile
+from tierkv.config import PmemTierConfig
+from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers.pmem import PmemTier
+
+SIZES = (256 << 10, 1 << 20, 4 << 20)
+TARGET = 0.70
+LATENCY_SIZE = 4 << 10
+
+
+def _meta(size: int) -> ObjectMeta:
+    return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
+
+
+def _memcpy_seconds(size: int, count: int, *, scatter: bool) -> float:
+    """`count` copies of `size` bytes between one buffer and `count` distinct slots.
+
+    `scatter`: from one source into distinct destinations (what a put does); otherwise from
+    distinct sources into one destination (what a get does). Both sides are touched first, so
+    no page fault is timed, and the working set is as large as the tier's.
+    """
+    single = np.frombuffer(bytearray(os.urandom(size)), dtype=np.uint8)
+    slots = np.ones(size * count, dtype=np.uint8)
+    start = time.perf_counter()
+    for i in range(count):
+        slot = slots[i * size : (i + 1) * size]
+        if scatter:
+            np.copyto(slot, single)
+        else:
+            np.copyto(single, slot)
+    return time.perf_counter() - start
+
+
+async def _tier_seconds(tier: PmemTier, size: int, count: int) -> tuple[float, float]:
+    data = memoryview(os.urandom(size))
+    meta = _meta(size)
+    keys = [b"\x02bench-%d" % i for i in range(count)]
+    start = time.perf_counter()
+    for key in keys:
+        await tier.put(key, meta, data)
+    put = time.perf_counter() - start
+    start = time.perf_counter()
+    for key in keys:
+        got = await tier.get(key)
+        if got is None:
+            raise RuntimeError("a benchmark object was lost")
+    get = time.perf_counter() - start
+    for key in keys:
+        await tier.delete(key)
+    return put, get
+
+
+async def run_pmem_bench(directory: Path, *, quick: bool = False,
+                         progress: Progress = no_progress) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring); JSON-able result with "rows"."""
+    capacity = (256 if quick else 1024) << 20
+    batch_bytes = (32 if quick else 128) << 20
+    repeats = 3 if quick else 5
+    latency_count = 1000 if quick else 5000
+    path = directory / f"tierkv-bench-{uuid.uuid4().hex}.pool"
+    tier = PmemTier(PmemTierConfig("bench", capacity, path))
+    rows: list[Row] = []
+    total = len(SIZES) * repeats + 1
+    done = 0
+    try:
+        await tier.open()
+        describe = tier.describe()
+        for size in SIZES:
+            count = max(4, batch_bytes // size)
+            best = {"put": float("inf"), "get": float("inf"), "scatter": float("inf"),
+                    "gather": float("inf")}
+            for _ in range(repeats):
+                put, get = await _tier_seconds(tier, size, count)
+                best["put"], best["get"] = min(best["put"], put), min(best["get"], get)
+                for way in ("scatter", "gather"):
+                    seconds = _memcpy_seconds(size, count, scatter=way == "scatter")
+                    best[way] = min(best[way], seconds)
+                done += 1
+                progress("bandwidth", done, total)
+            moved = size * count / 1e9
+            label = format_size(size)
+            rows.append(Row(f"put {label}", "GB/s", moved / best["put"], moved / best["scatter"],
+                            "memcpy 1 source -> N slots", TARGET))
+            rows.append(Row(f"get {label}", "GB/s", moved / best["get"], moved / best["gather"],
+                            "memcpy N slots -> 1 target", TARGET))
+        samples = await _put_latencies(tier, latency_count)
+        done += 1
+        progress("latency", done, total)
+        copy_us = (_memcpy_seconds(LATENCY_SIZE, latency_count, scatter=True)
+                   / latency_count * 1e6)
+        rows.append(Row("put 4KiB p50 (lower is better)", "us", percentile(samples, 0.50),
+                        copy_us, "memcpy 4KiB mean"))
+        rows.append(Row("put 4KiB p99 (lower is better)", "us", percentile(samples, 0.99),
+                        copy_us, "memcpy 4KiB mean"))
+    finally:
+        await tier.close()
+        path.unlink(missing_ok=True)
+    return {
+        "device": "pmem",
+        "pool_directory": str(directory),
+        "media": describe,
+        "quick": quick,
+        "rows": [row.to_json() for row in rows],
+    }
+
+
+async def _put_latencies(tier: PmemTier, count: int) -> list[float]:
+    data = memoryview(os.urandom(LATENCY_SIZE))
+    meta = _meta(LATENCY_SIZE)
+    samples = []
+    for i in range(count):
+        key = b"\x02lat-%d" % (i % 512)
+        start = time.perf_counter_ns()
+        await tier.put(key, meta, data)
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    for i in range(min(count, 512)):
+        await tier.delete(b"\x02lat-%d" % i)
+    samples.sort()
+    return samples
+
+
+def render_pmem_report(result: dict[str, Any]) -> list[str]:
+    """The result as text lines: media, then one table row per figure."""
+    lines = [f"pmem benchmark (pool in {result['pool_directory']}"
+             f"{', quick' if result.get('quick') else ''})"]
+    lines += [f"  {key}: {value}" for key, value in result.get("media", {}).items()]
+    lines.append(f"  {'case':<32} {'measured':>10} {'baseline':>10} {'ratio':>7}  target")
+    for row in result["rows"]:
+        baseline = "" if row["baseline"] is None else f"{row['baseline']:.3g}"
+        ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        target = ""
+        if row["target"] is not None:
+            target = f">= {row['target']:.2f} " + ("met" if row["meets_target"] else "NOT met")
+        lines.append(f"  {row['case']:<32} {row['measured']:>10.3g} {baseline:>10} {ratio:>7}  "
+                     f"{target}  [{row['unit']}; baseline: {row['baseline_name']}]")
+    return lines

@@ -1,0 +1,371 @@
+"""A thin ctypes binding of libpmemobj (PMDK 1.12) and of libpmem's `pmem_is_pmem`.
+
+Only what the PMem tier needs is bound, one Python method per C call. The shared objects are loaded
+lazily by their versioned names (``libpmemobj.so.1``, ``libpmem.so.1``: the unversioned names exist
+only with the -dev packages); a machine without them gets `DeviceError` naming the Debian package.
+
+Errors: every failing call raises `DeviceError` whose message carries ``pmemobj_errormsg()``, read
+in the thread that made the call (PMDK keeps it thread-local), and whose ``__cause__`` is an
+`OSError` with the call's errno (``ENOMEM`` for a full pool, ``EWOULDBLOCK``/``EAGAIN`` for a pool
+another process holds). Callers branch on that errno, never on message text.
+
+Concurrency: ctypes releases the GIL for the duration of every C call, so copies and allocations
+made from a worker thread do not stall the event loop. PMDK itself is thread-safe for alloc/free on
+one pool. A `Pool` must not be closed while another thread still uses it; its owner guarantees that.
+
+Memory: addresses returned by `Pool.direct` point into the pool mapping and are valid only until
+`Pool.close`; nothing here hands out Python objects that alias the mapping.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tierkv.errors import DeviceError
+
+LIBPMEMOBJ = "libpmemobj.so.1"
+LIBPMEM = "libpmem.so.1"
+#: PMDK 1.12 ships the libpmemobj API 2.4; 2.0 already has every call bound here
+API_MAJOR = 2
+API_MINOR = 0
+MIN_POOL = 8 << 20  # PMEMOBJ_MIN_POOL
+MAX_LAYOUT = 1024  # PMEMOBJ_MAX_LAYOUT, including the terminating NUL
+MAX_ALLOC_SIZE = 0x3FFDFFFC0  # PMEMOBJ_MAX_ALLOC_SIZE
+IN_USE_ERRNOS = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
+
+
+class PMEMoid(ctypes.Structure):
+    """``PMEMoid`` as C passes it: two uint64 by value."""
+
+    _fields_ = (("pool_uuid_lo", ctypes.c_uint64), ("off", ctypes.c_uint64))
+
+
+@dataclass(frozen=True, slots=True)
+class Oid:
+    """A persistent object id (hashable; ``off == 0`` is OID_NULL and never handed out)."""
+
+    pool_uuid_lo: int
+    off: int
+
+    def as_c(self) -> PMEMoid:
+        return PMEMoid(self.pool_uuid_lo, self.off)
+
+
+class AllocClassDesc(ctypes.Structure):
+    """``struct pobj_alloc_class_desc``."""
+
+    _fields_ = (
+        ("unit_size", ctypes.c_size_t),
+        ("alignment", ctypes.c_size_t),
+        ("units_per_block", ctypes.c_uint),
+        ("header_type", ctypes.c_int),
+        ("class_id", ctypes.c_uint),
+    )
+
+
+HEADER_COMPACT = 1  # POBJ_HEADER_COMPACT: 16 bytes, keeps type_num and usable size
+
+
+def class_flag(class_id: int) -> int:
+    """``POBJ_CLASS_ID(id)`` for `Pool.alloc`'s flags."""
+    return class_id << 48
+
+
+def arena_flag(arena_id: int) -> int:
+    """``POBJ_ARENA_ID(id)`` for `Pool.alloc`'s flags."""
+    return arena_id << 32
+
+
+_CONSTRUCTOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+#: what a constructor does: fill `size` bytes at `address`, and persist them, before PMDK publishes
+Constructor = Callable[[int], None]
+
+
+class _Lib:
+    """The two loaded libraries with argument and result types declared."""
+
+    def __init__(self, obj: ctypes.CDLL, pmem: ctypes.CDLL) -> None:
+        self.obj = obj
+        self.pmem = pmem
+        c = ctypes
+        sigs: list[tuple[ctypes.CDLL, str, object, list[object]]] = [
+            (obj, "pmemobj_create", c.c_void_p, [c.c_char_p, c.c_char_p, c.c_size_t, c.c_uint]),
+            (obj, "pmemobj_open", c.c_void_p, [c.c_char_p, c.c_char_p]),
+            (obj, "pmemobj_close", None, [c.c_void_p]),
+            (obj, "pmemobj_root", PMEMoid, [c.c_void_p, c.c_size_t]),
+            (obj, "pmemobj_root_size", c.c_size_t, [c.c_void_p]),
+            (obj, "pmemobj_alloc", c.c_int,
+             [c.c_void_p, c.POINTER(PMEMoid), c.c_size_t, c.c_uint64, _CONSTRUCTOR, c.c_void_p]),
+            (obj, "pmemobj_xalloc", c.c_int,
+             [c.c_void_p, c.POINTER(PMEMoid), c.c_size_t, c.c_uint64, c.c_uint64, _CONSTRUCTOR,
+              c.c_void_p]),
+            (obj, "pmemobj_ctl_set", c.c_int, [c.c_void_p, c.c_char_p, c.c_void_p]),
+            (obj, "pmemobj_ctl_get", c.c_int, [c.c_void_p, c.c_char_p, c.c_void_p]),
+            (obj, "pmemobj_free", None, [c.POINTER(PMEMoid)]),
+            (obj, "pmemobj_direct", c.c_void_p, [PMEMoid]),
+            (obj, "pmemobj_first", PMEMoid, [c.c_void_p]),
+            (obj, "pmemobj_next", PMEMoid, [PMEMoid]),
+            (obj, "pmemobj_type_num", c.c_uint64, [PMEMoid]),
+            (obj, "pmemobj_alloc_usable_size", c.c_size_t, [PMEMoid]),
+            (obj, "pmemobj_persist", None, [c.c_void_p, c.c_void_p, c.c_size_t]),
+            (obj, "pmemobj_memcpy_persist", c.c_void_p,
+             [c.c_void_p, c.c_void_p, c.c_void_p, c.c_size_t]),
+            (obj, "pmemobj_errormsg", c.c_char_p, []),
+            (obj, "pmemobj_check_version", c.c_char_p, [c.c_uint, c.c_uint]),
+            (pmem, "pmem_is_pmem", c.c_int, [c.c_void_p, c.c_size_t]),
+        ]
+        for lib, name, restype, argtypes in sigs:
+            try:
+                function = getattr(lib, name)
+            except AttributeError as exc:
+                raise DeviceError(f"{name} is missing from the installed PMDK: {exc}") from None
+            function.restype = restype
+            function.argtypes = argtypes
+
+    def errormsg(self) -> str:
+        raw = self.obj.pmemobj_errormsg()
+        return raw.decode(errors="replace") if raw else ""
+
+
+@functools.cache
+def _load() -> _Lib:
+    try:
+        obj = ctypes.CDLL(LIBPMEMOBJ, use_errno=True)
+        pmem = ctypes.CDLL(LIBPMEM, use_errno=True)
+    except OSError as exc:
+        raise DeviceError(
+            f"libpmemobj cannot be loaded ({exc}); install the Debian package libpmemobj1 "
+            "(it brings libpmem1)"
+        ) from None
+    lib = _Lib(obj, pmem)
+    mismatch = obj.pmemobj_check_version(API_MAJOR, API_MINOR)
+    if mismatch:
+        raise DeviceError(f"{LIBPMEMOBJ} is too old: {mismatch.decode(errors='replace')}")
+    return lib
+
+
+def library() -> _Lib:
+    """The loaded libraries; `DeviceError` naming the package to install when they are absent."""
+    return _load()
+
+
+def _fail(lib: _Lib, what: str) -> DeviceError:
+    """The error of the call that just failed in this thread (errno and errormsg read now)."""
+    code = ctypes.get_errno()
+    message = lib.errormsg() or os.strerror(code)
+    error = DeviceError(f"{what}: {message}")
+    error.__cause__ = OSError(code, message)
+    return error
+
+
+def failure_errno(error: BaseException) -> int | None:
+    """The errno of a `DeviceError` raised by this module (``None`` for any other error)."""
+    cause = error.__cause__
+    return cause.errno if isinstance(cause, OSError) else None
+
+
+# Constructors are Python callables looked up by a token passed through PMDK's `void *arg`: one
+# C trampoline serves every allocation, so no CFUNCTYPE is built (or kept alive) per call.
+_pending: dict[int, tuple[Constructor, list[BaseException]]] = {}
+_tokens = itertools.count(1)
+_pending_lock = threading.Lock()
+
+
+def _construct(pop: int | None, ptr: int | None, arg: int | None) -> int:
+    # PMDK calls this with the GIL re-acquired by ctypes; an exception must not escape into C
+    # (ctypes would only print it), so it is handed back to `Pool.alloc` and the allocation is
+    # cancelled by a non-zero return, which PMDK reports as ECANCELED with nothing allocated.
+    with _pending_lock:
+        entry = _pending.get(arg or 0)
+    if entry is None or ptr is None:
+        return 1
+    construct, errors = entry
+    try:
+        construct(ptr)
+    except BaseException as exc:
+        errors.append(exc)
+        return 1
+    return 0
+
+
+_trampoline = _CONSTRUCTOR(_construct)
+
+
+class Pool:
+    """One open pmemobj pool (`create_pool` / `open_pool`); `close` it exactly once, or more."""
+
+    def __init__(self, lib: _Lib, handle: int, path: Path) -> None:
+        self._lib = lib
+        self._handle: int | None = handle
+        self.path = path
+        self.size = path.stat().st_size if path.is_file() else 0
+
+    @property
+    def handle(self) -> int:
+        if self._handle is None:
+            raise DeviceError(f"pmem pool {self.path} is closed")
+        return self._handle
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """``pmemobj_close``; every address from `direct` is invalid afterwards."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            self._lib.obj.pmemobj_close(handle)
+
+    def is_pmem(self) -> bool:
+        """libpmem's ``pmem_is_pmem`` over the whole mapping: real persistent memory or not."""
+        return bool(self._lib.pmem.pmem_is_pmem(self.handle, self.size or MIN_POOL))
+
+    # -- objects -------------------------------------------------------------------------------
+    def root(self, size: int) -> Oid:
+        """``pmemobj_root``: the root object, allocated zeroed (and persisted) on first use."""
+        oid = self._lib.obj.pmemobj_root(self.handle, size)
+        if oid.off == 0:
+            raise _fail(self._lib, f"pmemobj_root({self.path})")
+        return Oid(oid.pool_uuid_lo, oid.off)
+
+    def root_size(self) -> int:
+        return int(self._lib.obj.pmemobj_root_size(self.handle))
+
+    def register_class(self, unit_size: int, units_per_block: int) -> int:
+        """A new allocation class (``heap.alloc_class.new.desc``, runtime only); its id."""
+        desc = AllocClassDesc(unit_size, 0, units_per_block, HEADER_COMPACT, 0)
+        status = self._lib.obj.pmemobj_ctl_set(
+            self.handle, b"heap.alloc_class.new.desc", ctypes.byref(desc)
+        )
+        if status != 0:
+            raise _fail(self._lib, f"allocation class of {unit_size} B x {units_per_block}")
+        return int(desc.class_id)
+
+    def arena_count(self) -> int:
+        count = ctypes.c_uint()
+        if self._lib.obj.pmemobj_ctl_get(self.handle, b"heap.narenas.total", ctypes.byref(count)):
+            raise _fail(self._lib, "heap.narenas.total")
+        return int(count.value)
+
+    def alloc(self, size: int, type_num: int, construct: Constructor, flags: int = 0) -> Oid:
+        """``pmemobj_xalloc`` with a constructor: the object is published only if it returns.
+
+        `flags` combines `class_flag` and `arena_flag` (0: PMDK's default classes, this
+        thread's arena); with 0 this is exactly ``pmemobj_alloc``.
+
+        `construct(address)` must fill and persist the `size` bytes at `address`; if it raises,
+        PMDK rolls the allocation back and the exception propagates. A full pool raises
+        `DeviceError` whose errno (`failure_errno`) is ``ENOMEM``.
+        """
+        token = next(_tokens)
+        errors: list[BaseException] = []
+        with _pending_lock:
+            _pending[token] = (construct, errors)
+        oid = PMEMoid()
+        try:
+            if flags:
+                status = self._lib.obj.pmemobj_xalloc(
+                    self.handle, ctypes.byref(oid), size, type_num, flags, _trampoline, token
+                )
+            else:
+                status = self._lib.obj.pmemobj_alloc(
+                    self.handle, ctypes.byref(oid), size, type_num, _trampoline, token
+                )
+            if status != 0:
+                if errors:
+                    raise errors[0]
+                raise _fail(self._lib, f"pmemobj_alloc({size} bytes) in {self.path}")
+        finally:
+            with _pending_lock:
+                del _pending[token]
+        return Oid(oid.pool_uuid_lo, oid.off)
+
+    def free(self, oid: Oid) -> None:
+        """``pmemobj_free``: atomic; after a crash the object is either wholly there or gone."""
+        self.handle  # noqa: B018 - raises when closed: freeing into an unmapped pool would crash
+        self._lib.obj.pmemobj_free(ctypes.byref(oid.as_c()))
+
+    def direct(self, oid: Oid) -> int:
+        """The object's address in this process's mapping (valid until `close`)."""
+        self.handle  # noqa: B018
+        address = self._lib.obj.pmemobj_direct(oid.as_c())
+        if not address:
+            raise DeviceError(f"pmemobj_direct: {oid} is not an object of an open pool")
+        return int(address)
+
+    def first(self) -> Oid | None:
+        """The first object of the pool (the root object excluded), or ``None``."""
+        oid = self._lib.obj.pmemobj_first(self.handle)
+        return Oid(oid.pool_uuid_lo, oid.off) if oid.off else None
+
+    def next(self, oid: Oid) -> Oid | None:
+        """The object after `oid` in the pool's walk order, or ``None`` at the end."""
+        self.handle  # noqa: B018
+        following = self._lib.obj.pmemobj_next(oid.as_c())
+        return Oid(following.pool_uuid_lo, following.off) if following.off else None
+
+    def type_num(self, oid: Oid) -> int:
+        self.handle  # noqa: B018
+        return int(self._lib.obj.pmemobj_type_num(oid.as_c()))
+
+    def usable_size(self, oid: Oid) -> int:
+        """Bytes the allocation really holds (its size class), ≥ the size asked for."""
+        self.handle  # noqa: B018
+        return int(self._lib.obj.pmemobj_alloc_usable_size(oid.as_c()))
+
+    # -- persistence ---------------------------------------------------------------------------
+    def persist(self, address: int, size: int) -> None:
+        """Flush `size` bytes at `address` to the media (cache flush on pmem, msync otherwise)."""
+        self._lib.obj.pmemobj_persist(self.handle, address, size)
+
+    def memcpy_persist(self, dest: int, src: int | bytes, size: int) -> None:
+        """Copy `size` bytes from `src` (an address, or a bytes object) to `dest` and persist."""
+        self._lib.obj.pmemobj_memcpy_persist(self.handle, dest, src, size)
+
+
+def set_prefault(*, at_create: bool, at_open: bool) -> None:
+    """PMDK's global ``prefault.at_create`` / ``prefault.at_open``: touch every page of a pool
+    as it is mapped (each byte is read and written back unchanged), so that page faults are
+    paid once at open instead of on the data path."""
+    lib = library()
+    for name, value in ((b"prefault.at_create", at_create), (b"prefault.at_open", at_open)):
+        flag = ctypes.c_int(int(value))
+        if lib.obj.pmemobj_ctl_set(None, name, ctypes.byref(flag)) != 0:
+            raise _fail(lib, name.decode())
+
+
+def _encode_layout(layout: str) -> bytes:
+    raw = layout.encode()
+    if not raw or len(raw) >= MAX_LAYOUT or b"\x00" in raw:
+        raise ValueError(f"a pmemobj layout name is 1..{MAX_LAYOUT - 1} bytes without NUL")
+    return raw
+
+
+def create_pool(path: Path, layout: str, size: int, mode: int = 0o600) -> Pool:
+    """``pmemobj_create``: a new pool file of `size` bytes (0: use an existing file or device).
+
+    PMDK refuses (``EEXIST``) to create over an existing file unless `size` is 0.
+    """
+    lib = library()
+    handle = lib.obj.pmemobj_create(os.fsencode(path), _encode_layout(layout), size, mode)
+    if not handle:
+        raise _fail(lib, f"pmemobj_create({path})")
+    return Pool(lib, int(handle), path)
+
+
+def open_pool(path: Path, layout: str) -> Pool:
+    """``pmemobj_open``; PMDK flocks the file: a pool held elsewhere fails ``EWOULDBLOCK``."""
+    lib = library()
+    handle = lib.obj.pmemobj_open(os.fsencode(path), _encode_layout(layout))
+    if not handle:
+        raise _fail(lib, f"pmemobj_open({path})")
+    return Pool(lib, int(handle), path)

@@ -1,0 +1,599 @@
+"""L2: a libpmemobj pool on a DAX device or file; one atomic allocation per object.
+
+Write path: `put` encodes the record (prefix, header, payload; `formats.pmem_layout`) and makes one
+``pmemobj_xalloc`` whose constructor copies and persists all of it before PMDK publishes the
+allocation, so after a crash an object is either whole or absent. An overwrite allocates the new
+record first and frees the old one after; a crash in between leaves both, and recovery keeps the
+newer. `delete` is ``pmemobj_free`` (atomic).
+
+Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
+record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
+of each key and rebuilds the DRAM index (key → object). Objects beyond the configured capacity
+(a pool reopened with a smaller one) are freed oldest first.
+
+Space: objects are allocated from the tier's own allocation classes; `footprint` is the object's
+whole allocation unit, so `used` is the pool space objects really take and never exceeds
+`capacity`. `put` raises `TierFullError` when the object does not fit the capacity *or* when PMDK
+reports the pool full (fragmentation); the engine then evicts and retries.
+
+Media: `open` reports whether the mapping is real persistent memory (libpmem's ``pmem_is_pmem``).
+On an ordinary file PMDK persists with msync and the tier says it is *emulated*; on tmpfs the pool
+survives a process crash but not a reboot. `describe` and `stats` state which case holds.
+
+Concurrency: coroutines of one event loop. Copies of payloads of `LARGE_COPY` bytes or more (in
+and out of the pool) and the recovery walk run on a worker thread (ctypes releases the GIL); small
+ones run inline. A `get` that overlaps a `delete` or overwrite of its key holds the old allocation
+until its copy is done (reader count), so it returns the whole old object, never reused memory.
+
+Buffers: `put` copies the payload before it returns; `get` returns a fresh `bytearray`.
+
+Errors: `DeviceError` for a pool that is not ours (another layout, a corrupt header, a non-pool
+file: the file is left untouched unless ``format = true``), a pool another process holds ("in
+use"), or a failing PMDK call (with ``pmemobj_errormsg``); `TierFullError` as above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from tierkv.config import PmemTierConfig
+from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
+from tierkv.formats import pmem_layout as layout
+from tierkv.formats.header import ObjectHeader, checksum, encode_header, verify_payload
+from tierkv.formats.value import ObjectMeta, Payload, payload_view
+from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers.base import RecoveredObject, Tier, TierKind
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: payloads of this many bytes or more are copied on the worker thread, off the event loop
+LARGE_COPY = 64 << 10
+#: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
+HEADER_ALLOWANCE = 256
+_MAX_CHECKSUM = 2**64 - 1
+
+
+@dataclass(slots=True, eq=False)
+class _Object:
+    """One live record: where it is and what it holds; `readers` > 0 defers its free."""
+
+    oid: pmemobj.Oid
+    address: int
+    meta: ObjectMeta
+    payload_offset: int
+    payload_checksum: int
+    footprint: int
+    sequence: int
+    readers: int = 0
+    doomed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """What the pool is mapped on, and what that means for durability."""
+
+    is_pmem: bool
+    filesystem: str
+    tmpfs: bool
+
+    @property
+    def emulated(self) -> bool:
+        return not self.is_pmem
+
+    @property
+    def durability(self) -> str:
+        if self.is_pmem:
+            return ("real persistent memory: an object is durable once put returns (CPU cache "
+                    "flushes), across process crashes and power loss where the platform "
+                    "flushes its caches on power failure (ADR/eADR)")
+        if self.tmpfs:
+            return ("emulated on tmpfs (RAM): the pool survives a process crash, NOT a reboot "
+                    "or power loss")
+        return (f"emulated on an ordinary {self.filesystem} file: persisted by msync (slow); "
+                "survives a process crash; power-loss safety is only what msync writeback "
+                "of this filesystem gives, not persistent memory")
+
+
+def filesystem_of(path: Path) -> tuple[str, str]:
+    """(type, mount options) of the mount holding `path` (or its nearest existing ancestor)."""
+    target = path
+    while not target.exists():
+        target = target.parent
+    resolved = os.path.realpath(target)
+    best_point, fstype, options = "", "unknown", ""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.readlines()
+    except OSError:
+        return fstype, options
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or not tail:
+            continue
+        point = fields[4].replace("\\040", " ")
+        inside = resolved == point or resolved.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best_point):
+            best_point, fstype = point, tail[0]
+            options = fields[5] + ("," + tail[2] if len(tail) > 2 else "")
+    return fstype, options
+
+
+def _is_dax(fstype: str, options: str, path: Path) -> bool:
+    if path.exists() and not path.is_file() and path.name.startswith("dax"):
+        return True
+    return any(opt in ("dax", "dax=always") for opt in options.split(","))
+
+
+def _address_of(view: memoryview) -> int:
+    """The address of a contiguous host buffer, read-only ones included."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+def _pool_view(address: int, size: int) -> memoryview:
+    """A view of pool memory; the caller drops it before the object is freed or the pool closed."""
+    return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
+
+
+class PmemTier(Tier):
+    """The L2 persistent-memory tier (see the module docstring)."""
+
+    kind = TierKind.PMEM
+    persistent = True
+
+    def __init__(self, config: PmemTierConfig) -> None:
+        super().__init__(config.name)
+        self.config = config
+        self.path = config.path
+        self._capacity = config.capacity
+        self._pool: pmemobj.Pool | None = None
+        self._objects: dict[bytes, _Object] = {}
+        self._used = 0
+        self._payload_bytes = 0
+        self._sequence = 1
+        self._class_flags: list[int] = []
+        self._arena = 0
+        self._executor: ThreadPoolExecutor | None = None
+        self._operations = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.media: Media | None = None
+        self._counters = {
+            "corrupt_freed_at_open": 0,
+            "superseded_freed_at_open": 0,
+            "over_capacity_freed_at_open": 0,
+            "checksum_misses": 0,
+            "pool_full": 0,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def _open(self) -> list[RecoveredObject]:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"tierkv-{self.name}-pmem")
+        try:
+            return await self._off_loop(self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+
+    async def _close(self) -> None:
+        await self._idle.wait()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        self._objects.clear()
+
+    async def _off_loop(self, function: Callable[..., T], *args: Any) -> T:
+        assert self._executor is not None  # set for the whole time the tier is open
+        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
+
+    def _open_sync(self) -> list[RecoveredObject]:
+        pool = self._open_pool()
+        try:
+            self._check_root(pool)
+            self._register_classes(pool)
+            fstype, _options = filesystem_of(self.path)
+            self.media = Media(pool.is_pmem(), fstype, fstype == "tmpfs")
+            if pool.size:
+                limit = layout.capacity_for(pool.size)
+                if limit < self._capacity:
+                    log.warning("tier %s: pool %s of %d bytes holds only %d of the configured "
+                                "capacity %d", self.name, self.path, pool.size, limit,
+                                self._capacity)
+                    self._capacity = limit
+            self._pool = pool
+            recovered = self._recover(pool)
+        except BaseException:
+            self._pool = None
+            pool.close()
+            raise
+        log.info("tier %s: pool %s (%d bytes, %s), %d objects recovered, %d corrupt freed",
+                 self.name, self.path, pool.size, self.media.durability, len(recovered),
+                 self._counters["corrupt_freed_at_open"])
+        if self.media.emulated:
+            log.warning("tier %s: %s is not persistent memory: %s", self.name, self.path,
+                        self.media.durability)
+        return recovered
+
+    def _open_pool(self) -> pmemobj.Pool:
+        # pay the pool's page faults at open, not in the middle of puts and gets
+        pmemobj.set_prefault(at_create=False, at_open=True)
+        found = layout.inspect_pool(self.path)
+        kind = found.kind
+        if kind is layout.PoolFile.ABSENT:
+            return self._create_file()
+        if kind in (layout.PoolFile.TIERKV, layout.PoolFile.DEVICE):
+            try:
+                return pmemobj.open_pool(self.path, layout.LAYOUT_NAME)
+            except DeviceError as exc:
+                if pmemobj.failure_errno(exc) in pmemobj.IN_USE_ERRNOS:
+                    raise DeviceError(f"{self.path}: pmem pool is in use by another process "
+                                      "(or already open)") from exc
+                if not self.config.format:
+                    raise DeviceError(f"{self.path}: cannot open the pmem pool ({exc}); set "
+                                      "format = true to recreate it, losing its contents") from exc
+                log.warning("tier %s: recreating unreadable pool %s (%s)", self.name,
+                            self.path, exc)
+                return self._recreate(kind)
+        what = f"{kind.value} {found.layout!r}" if found.layout else kind.value
+        if not self.config.format:
+            raise DeviceError(f"{self.path}: {what}, not a tierkv pool; refusing to overwrite "
+                              "it (set format = true to replace it)")
+        log.warning("tier %s: replacing %s at %s (format = true)", self.name, what, self.path)
+        return self._recreate(kind)
+
+    def _recreate(self, kind: layout.PoolFile) -> pmemobj.Pool:
+        if kind is layout.PoolFile.DEVICE:
+            return pmemobj.create_pool(self.path, layout.LAYOUT_NAME, 0)
+        # PMDK holds an flock on an open pool: never unlink a file somebody still uses
+        with self.path.open("rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                raise DeviceError(f"{self.path}: in use by another process") from exc
+            return self._create_file()
+
+    def _create_file(self) -> pmemobj.Pool:
+        # Built under a temporary name and renamed into place once whole, so that a crash
+        # during creation never leaves a half-made pool at the configured path (which a later
+        # open would refuse as "not a pool"). A leftover temporary is our own: remove it.
+        temporary = self.path.with_name(self.path.name + ".creating")
+        temporary.unlink(missing_ok=True)
+        pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME,
+                                   layout.pool_size_for(self._capacity))
+        try:
+            self._check_root(pool)
+        finally:
+            pool.close()
+        os.replace(temporary, self.path)
+        return pmemobj.open_pool(self.path, layout.LAYOUT_NAME)
+
+    def _check_root(self, pool: pmemobj.Pool) -> None:
+        address = pool.direct(pool.root(layout.ROOT_SIZE))
+        raw = ctypes.string_at(address, layout.ROOT_SIZE)
+        try:
+            valid = layout.check_root(raw)
+        except CorruptObjectError as exc:
+            raise DeviceError(f"{self.path}: {exc}") from exc
+        if not valid:
+            pool.memcpy_persist(address, layout.encode_root(), layout.ROOT_SIZE)
+
+    def _register_classes(self, pool: pmemobj.Pool) -> None:
+        # one arena for every allocation: each arena holds a partly used run per class, and the
+        # pool is sized for one run per class (formats/pmem_layout.py)
+        arena = pmemobj.arena_flag(1) if pool.arena_count() >= 1 else 0
+        self._class_flags = [
+            pmemobj.class_flag(pool.register_class(cls.unit, cls.units_per_run)) | arena
+            for cls in layout.SIZE_CLASSES
+        ]
+
+    def _recover(self, pool: pmemobj.Pool) -> list[RecoveredObject]:
+        found: dict[bytes, _Object] = {}
+        oid = pool.first()
+        while oid is not None:
+            following = pool.next(oid)
+            record = self._check_record(pool, oid)
+            if record is None:
+                self._counters["corrupt_freed_at_open"] += 1
+                pool.free(oid)
+            else:
+                key, obj = record
+                old = found.get(key)
+                if old is not None:
+                    if (old.meta.generation, old.sequence) > (obj.meta.generation, obj.sequence):
+                        old, obj = obj, old
+                    self._counters["superseded_freed_at_open"] += 1
+                    pool.free(old.oid)
+                found[key] = obj
+            oid = following
+        total = sum(obj.footprint for obj in found.values())
+        for key, obj in sorted(found.items(), key=lambda item: item[1].sequence):
+            if total <= self._capacity:
+                break
+            pool.free(obj.oid)
+            total -= obj.footprint
+            del found[key]
+            self._counters["over_capacity_freed_at_open"] += 1
+        self._objects = found
+        self._used = total
+        self._payload_bytes = sum(obj.meta.nbytes for obj in found.values())
+        self._sequence = max((obj.sequence for obj in found.values()), default=0) + 1
+        return [RecoveredObject(key, obj.meta) for key, obj in found.items()]
+
+    def _check_record(self, pool: pmemobj.Pool, oid: pmemobj.Oid) -> tuple[bytes, _Object] | None:
+        if pool.type_num(oid) != layout.OBJECT_TYPE_NUM:
+            log.warning("tier %s: freeing an object of unknown type %#x", self.name,
+                        pool.type_num(oid))
+            return None
+        usable = pool.usable_size(oid)
+        address = pool.direct(oid)
+        view = _pool_view(address, usable)
+        try:
+            info = layout.decode_record(view)
+            header = info.header
+            verify_payload(header, view[info.payload_offset : info.record_size])
+        except CorruptObjectError as exc:
+            log.warning("tier %s: freeing a corrupt object at offset %#x: %s", self.name,
+                        oid.off, exc)
+            return None
+        finally:
+            view.release()
+        obj = _Object(oid, address, header.meta, info.payload_offset, header.payload_checksum,
+                      usable + layout.ALLOC_HEADER, info.sequence)
+        return header.key, obj
+
+    # -- space -----------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def footprint(self, nbytes: int) -> int:
+        """The allocation an object of `nbytes` takes with a typical header (`HEADER_ALLOWANCE`).
+
+        An object whose header is larger (long key, many parents) may take the next class up;
+        `used` always counts the real allocation.
+        """
+        return layout.record_footprint(HEADER_ALLOWANCE + nbytes)
+
+    def can_ever_hold(self, nbytes: int) -> bool:
+        size = HEADER_ALLOWANCE + nbytes
+        return size <= pmemobj.MAX_ALLOC_SIZE and self.footprint(nbytes) <= self.capacity
+
+    def _reserve(self, footprint: int) -> None:
+        if footprint > self._capacity:
+            raise TierFullError(f"tier {self.name!r}: an object of {footprint} bytes exceeds "
+                                f"the capacity {self._capacity}")
+        if self._used + footprint > self._capacity:
+            raise TierFullError(f"tier {self.name!r}: {footprint} bytes do not fit "
+                                f"({self._used} of {self._capacity} used)")
+        self._used += footprint
+
+    # -- data path -------------------------------------------------------------------------------
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
+        self._check_open()
+        view = payload_view(payload)
+        if view.nbytes != meta.nbytes:
+            raise ValueError(f"payload holds {view.nbytes} bytes, meta says {meta.nbytes}")
+        sequence = self._sequence
+        self._sequence += 1
+        self._begin()
+        try:
+            if view.nbytes < LARGE_COPY:
+                payload_sum = checksum(view)
+                header = encode_header(ObjectHeader(key, meta, payload_sum))
+                reserved = layout.record_footprint(layout.PREFIX_SIZE + len(header) + view.nbytes)
+                self._reserve(reserved)
+                try:
+                    obj = self._write(sequence, header, payload_sum, meta, view)
+                except BaseException:
+                    self._used -= reserved
+                    raise
+            else:
+                widest = encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM))
+                reserved = layout.record_footprint(layout.PREFIX_SIZE + len(widest) + view.nbytes)
+                self._reserve(reserved)
+                try:
+                    obj = await self._off_loop(self._write_large, sequence, key, meta, view)
+                except BaseException:
+                    self._used -= reserved
+                    raise
+            self._used += obj.footprint - reserved
+            self._install(key, obj)
+        finally:
+            self._end()
+        return ()
+
+    def _write_large(self, sequence: int, key: bytes, meta: ObjectMeta,
+                     view: memoryview) -> _Object:
+        payload_sum = checksum(view)
+        header = encode_header(ObjectHeader(key, meta, payload_sum))
+        return self._write(sequence, header, payload_sum, meta, view)
+
+    def _write(self, sequence: int, header: bytes, payload_sum: int, meta: ObjectMeta,
+               view: memoryview) -> _Object:
+        pool = self._live_pool()
+        record = layout.encode_prefix(sequence) + header
+        size = len(record) + view.nbytes
+        source = _address_of(view)
+
+        def construct(address: int) -> None:
+            pool.memcpy_persist(address, record, len(record))
+            if view.nbytes:
+                pool.memcpy_persist(address + len(record), source, view.nbytes)
+
+        cls = layout.size_class(size)
+        flags = self._class_flags[layout.SIZE_CLASSES.index(cls)] if cls is not None else 0
+        try:
+            oid = pool.alloc(size, layout.OBJECT_TYPE_NUM, construct, flags)
+        except DeviceError as exc:
+            if pmemobj.failure_errno(exc) == errno.ENOMEM:
+                self._counters["pool_full"] += 1
+                raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
+                                    f"{size} bytes") from exc
+            raise
+        return _Object(oid, pool.direct(oid), meta, len(record), payload_sum,
+                       pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
+
+    def _install(self, key: bytes, obj: _Object) -> None:
+        old = self._objects.get(key)
+        if old is not None and old.sequence > obj.sequence:
+            self._release(obj)  # a later put of this key finished first
+            return
+        self._objects[key] = obj
+        self._payload_bytes += obj.meta.nbytes
+        if old is not None:
+            self._payload_bytes -= old.meta.nbytes
+            self._release(old)
+
+    def _release(self, obj: _Object) -> None:
+        if obj.readers:
+            obj.doomed = True
+            return
+        self._live_pool().free(obj.oid)
+        self._used -= obj.footprint
+
+    def _live_pool(self) -> pmemobj.Pool:
+        if self._pool is None:
+            raise DeviceError(f"tier {self.name!r}: pool {self.path} is not open")
+        return self._pool
+
+    def _begin(self) -> None:
+        self._operations += 1
+        self._idle.clear()
+
+    def _end(self) -> None:
+        self._operations -= 1
+        if not self._operations:
+            self._idle.set()
+
+    async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
+        self._check_open()
+        obj = self._objects.get(key)
+        if obj is None:
+            return None
+        obj.readers += 1
+        self._begin()
+        try:
+            if obj.meta.nbytes < LARGE_COPY:
+                data = self._read(obj)
+            else:
+                data = await self._off_loop(self._read, obj)
+        finally:
+            obj.readers -= 1
+            if obj.doomed and not obj.readers:
+                obj.doomed = False
+                self._release(obj)
+            self._end()
+        if data is None:
+            self._counters["checksum_misses"] += 1
+            log.warning("tier %s: checksum mismatch, dropping the object", self.name)
+            if self._objects.get(key) is obj:
+                del self._objects[key]
+                self._payload_bytes -= obj.meta.nbytes
+                self._release(obj)
+            return None
+        return obj.meta, data
+
+    def _read(self, obj: _Object) -> bytearray | None:
+        size = obj.meta.nbytes
+        out = bytearray(size)
+        if size:
+            target = (ctypes.c_char * size).from_buffer(out)
+            ctypes.memmove(target, obj.address + obj.payload_offset, size)
+            del target
+        return out if checksum(out) == obj.payload_checksum else None
+
+    async def delete(self, key: bytes) -> bool:
+        self._check_open()
+        obj = self._objects.pop(key, None)
+        if obj is None:
+            return False
+        self._payload_bytes -= obj.meta.nbytes
+        self._release(obj)
+        return True
+
+    async def contains(self, key: bytes) -> bool:
+        self._check_open()
+        return key in self._objects
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(list(self._objects))
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        media = self.media
+        stats.update(
+            path=str(self.path),
+            pool_size=self._pool.size if self._pool is not None else 0,
+            is_pmem=media.is_pmem if media else None,
+            emulated=media.emulated if media else None,
+            tmpfs=media.tmpfs if media else None,
+            durability=media.durability if media else "unknown until open",
+            objects=len(self._objects),
+            bytes=self._payload_bytes,
+            **self._counters,
+        )
+        return stats
+
+    def describe(self) -> dict[str, str]:
+        if self.media is None or self._pool is None:
+            return probe(self.config)
+        media = self.media
+        return {
+            "path": str(self.path),
+            "pool size": f"{self._pool.size} bytes (capacity {self._capacity})",
+            "mapping": "real persistent memory (pmem_is_pmem)" if media.is_pmem
+            else "emulated: not persistent memory (pmem_is_pmem = 0)",
+            "filesystem": media.filesystem + (" (RAM)" if media.tmpfs else ""),
+            "durability": media.durability,
+        }
+
+
+def probe(config: PmemTierConfig) -> dict[str, str]:
+    """What `tierkv info` can say about a pmem tier without creating or touching its pool."""
+    info: dict[str, str] = {"path": str(config.path)}
+    try:
+        pmemobj.library()
+        info["library"] = f"{pmemobj.LIBPMEMOBJ} and {pmemobj.LIBPMEM} loaded"
+    except DeviceError as exc:
+        info["library"] = str(exc)
+    found = layout.inspect_pool(config.path)
+    if found.kind is layout.PoolFile.ABSENT:
+        info["pool"] = (f"absent; open creates {layout.pool_size_for(config.capacity)} bytes "
+                        f"for capacity {config.capacity}")
+    else:
+        info["pool"] = f"{found.kind.value}" + (f", {found.size} bytes" if found.size else "")
+    fstype, options = filesystem_of(config.path)
+    dax = _is_dax(fstype, options, config.path)
+    info["filesystem"] = fstype + (" mounted with dax" if dax else "")
+    if fstype == "tmpfs":
+        info["mapping"] = ("emulated (tmpfs is RAM, not persistent memory): survives a process "
+                           "crash, not a reboot")
+    elif dax:
+        info["mapping"] = "DAX: real persistent memory is confirmed by pmem_is_pmem at open"
+    else:
+        info["mapping"] = (f"emulated ({fstype} without DAX, persisted by msync); "
+                           "pmem_is_pmem is known only once the pool is open")
+    return info
