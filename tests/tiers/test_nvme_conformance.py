@@ -1,0 +1,32 @@
+"""The shared Tier conformance suite on the NVMe tier, on both IO backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tiers._nvme_support import nvme_config
+from tierkv.config import NvmeBackend
+from tierkv.testing import TierConformance
+from tierkv.tiers.base import Tier
+from tierkv.tiers.nvme import NvmeTier
+
+
+@pytest.mark.uring
+class TestNvmeUring(TierConformance):
+    async def make_tier(self, directory: Path) -> Tier:
+        return NvmeTier(nvme_config(directory, backend=NvmeBackend.IO_URING))
+
+    async def test_backend_in_use(self, tier: Tier) -> None:
+        assert tier.stats()["backend"] == "io_uring"
+        assert tier.describe()["backend"] == "io_uring"
+
+
+class TestNvmeThreads(TierConformance):
+    async def make_tier(self, directory: Path) -> Tier:
+        return NvmeTier(nvme_config(directory, backend=NvmeBackend.THREADS))
+
+    async def test_backend_in_use(self, tier: Tier) -> None:
+        assert tier.stats()["backend"] == "threads"
+        assert tier.describe()["io"].startswith("direct")

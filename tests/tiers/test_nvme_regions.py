@@ -1,0 +1,82 @@
+"""Region reclaim of the NVMe tier: FIFO and LRU victims, reinsertion of hot entries, bounded
+space, and a constant file count however many objects are stored."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for
+from tierkv.config import RegionEviction
+from tierkv.testing import payload_bytes
+from tierkv.tiers.nvme import NvmeTier
+
+
+async def _put_all(tier: NvmeTier, ids: range, size: int = 8000) -> set[bytes]:
+    dropped: set[bytes] = set()
+    for i in ids:
+        data = payload_for(i, size)
+        dropped.update(await tier.put(key(i), meta_of(data), memoryview(data)))
+    return dropped
+
+
+async def test_fifo_drops_oldest_region_and_reports_it(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0))
+    await tier.open()
+    try:
+        dropped = await _put_all(tier, range(600))
+        assert dropped
+        assert key(0) in dropped and key(599) not in dropped
+        held = set(tier.keys())
+        assert not held & dropped
+        assert held | dropped == {key(i) for i in range(600)}
+        assert tier.used <= tier.capacity
+        assert tier.stats()["regions_reclaimed"] >= 1
+    finally:
+        await tier.close()
+
+
+async def test_hot_entries_are_reinserted(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=2))
+    await tier.open()
+    try:
+        await _put_all(tier, range(100))
+        for _ in range(2):
+            assert await tier.get(key(3)) is not None
+        dropped = await _put_all(tier, range(100, 400))
+        assert key(3) not in dropped and key(4) in dropped
+        got = await tier.get(key(3))
+        assert got is not None and payload_bytes(got[1]) == payload_for(3, 8000)
+        assert tier.stats()["entries_reinserted"] >= 1
+    finally:
+        await tier.close()
+
+
+async def test_lru_keeps_recently_read_region(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0,
+                                eviction=RegionEviction.LRU))
+    await tier.open()
+    try:
+        # 9000-byte payloads take 3 blocks: 85 entries a region
+        await _put_all(tier, range(250), size=9000)  # regions 0, 1 full, region 2 the head
+        assert await tier.get(key(0)) is not None  # the oldest region is now the most recent
+        dropped = await _put_all(tier, range(250, 300), size=9000)
+        assert key(0) not in dropped
+        assert key(150) in dropped
+    finally:
+        await tier.close()
+
+
+async def test_file_count_is_constant(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=2))
+    await tier.open()
+    try:
+        size = (tmp_path / "tier.log").stat().st_size
+        for start in range(0, 3000, 500):
+            await _put_all(tier, range(start, start + 500), size=2000)
+            await tier.flush()
+            assert os.listdir(tmp_path) == ["tier.log"]
+            assert (tmp_path / "tier.log").stat().st_size == size
+    finally:
+        await tier.close()
+    assert os.listdir(tmp_path) == ["tier.log"]

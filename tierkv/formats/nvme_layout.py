@@ -1,0 +1,299 @@
+"""On-media layout of the NVMe tier: superblock, regions, entries, index checkpoint.
+
+Little endian throughout. The device (file or block device) is::
+
+    superblock (SUPERBLOCK_SIZE bytes) | region 0 | region 1 | ... | region N-1
+
+Superblock: ``magic "TKVNVME\\0" | version u32 | flags u32 | region_size u64 | capacity u64 |
+region_count u64 | uuid 16s | alignment u32 | checkpoint length u64 | checkpoint xxh3 u64 |
+checkpoint region count u32 | region indices u32 (count of them) | ... | xxh3 of all before it
+u64`` (the last 8 bytes of the block). A checkpoint length of 0 means "no valid checkpoint: scan".
+
+Region: its first `alignment` bytes hold the region header ``magic "TKVREGN\\0" | uuid 16s |
+seq u64 | index u32 | reserved u32 | xxh3 u64``; `seq` grows by one each time a region is opened
+for writing, so a scan orders regions by age. Entries follow, each starting on an `alignment`
+boundary::
+
+    prefix (32 bytes) | object header (formats/header.py, holds the key) | payload | zero pad
+
+Prefix: ``magic "TKVE" | flags u16 | reserved u16 | region seq u64 | body length u64 | xxh3 u64``
+where the body is object header + payload and the xxh3 covers the tier's uuid and the first 24
+prefix bytes. An entry whose seq differs from its region's is stale data from an earlier use of
+that region (the scan skips it), which is how a region rewritten in part is read safely. A
+tombstone entry (flag `TOMBSTONE`) records a delete; its header has an empty payload.
+
+Checkpoint: ``magic "TKVCKPT\\0" | length u64 | xxh3 u64 | msgpack body`` written into regions the
+index does not use, listed in the superblock. The body is ``[version, uuid, next_seq, regions,
+entries]`` with plain arrays only (see `Checkpoint`); decoding checks every type.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid as uuid_module
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from tierkv.errors import CorruptObjectError
+from tierkv.formats.header import checksum
+
+SUPERBLOCK_SIZE = 4096
+SUPERBLOCK_MAGIC = b"TKVNVME\x00"
+LAYOUT_VERSION = 1
+REGION_MAGIC = b"TKVREGN\x00"
+ENTRY_MAGIC = b"TKVE"
+CHECKPOINT_MAGIC = b"TKVCKPT\x00"
+CHECKPOINT_VERSION = 1
+
+TOMBSTONE = 0x1
+
+_SB = struct.Struct("<8sIIQQQ16sIQQI")
+_SB_SUM = struct.Struct("<Q")
+_SB_REGION = struct.Struct("<I")
+MAX_CHECKPOINT_REGIONS = (SUPERBLOCK_SIZE - _SB.size - _SB_SUM.size) // _SB_REGION.size
+_REGION = struct.Struct("<8s16sQIIQ")
+PREFIX = struct.Struct("<4sHHQQQ")
+_PREFIX_CHECKED = PREFIX.size - 8
+_CKPT = struct.Struct("<8sQQ")
+CHECKPOINT_HEADER = _CKPT.size
+
+
+def align_up(value: int, alignment: int) -> int:
+    return -(-value // alignment) * alignment
+
+
+def new_uuid() -> bytes:
+    return uuid_module.uuid4().bytes
+
+
+def format_uuid(raw: bytes) -> str:
+    return str(uuid_module.UUID(bytes=raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Superblock:
+    region_size: int
+    capacity: int
+    region_count: int
+    uuid: bytes
+    alignment: int
+    checkpoint_length: int = 0
+    checkpoint_checksum: int = 0
+    checkpoint_regions: tuple[int, ...] = ()
+    version: int = LAYOUT_VERSION
+
+    def region_offset(self, index: int) -> int:
+        return SUPERBLOCK_SIZE + index * self.region_size
+
+    def without_checkpoint(self) -> Superblock:
+        return Superblock(self.region_size, self.capacity, self.region_count, self.uuid,
+                          self.alignment)
+
+    def with_checkpoint(self, length: int, check: int, regions: tuple[int, ...]) -> Superblock:
+        return Superblock(self.region_size, self.capacity, self.region_count, self.uuid,
+                          self.alignment, length, check, regions)
+
+
+class ForeignFormatError(CorruptObjectError):
+    """The superblock is not ours (other magic) or of another layout version."""
+
+
+def encode_superblock(sb: Superblock) -> bytes:
+    if len(sb.checkpoint_regions) > MAX_CHECKPOINT_REGIONS:
+        raise ValueError("too many checkpoint regions for the superblock")
+    head = _SB.pack(SUPERBLOCK_MAGIC, sb.version, 0, sb.region_size, sb.capacity,
+                    sb.region_count, sb.uuid, sb.alignment, sb.checkpoint_length,
+                    sb.checkpoint_checksum, len(sb.checkpoint_regions))
+    regions = b"".join(_SB_REGION.pack(i) for i in sb.checkpoint_regions)
+    body = (head + regions).ljust(SUPERBLOCK_SIZE - _SB_SUM.size, b"\x00")
+    return body + _SB_SUM.pack(checksum(body))
+
+
+def decode_superblock(buf: bytes | bytearray | memoryview) -> Superblock:
+    """Parse a superblock; `ForeignFormatError` for another format or version, else
+    `CorruptObjectError` when it is ours but damaged."""
+    if len(buf) < SUPERBLOCK_SIZE:
+        raise ForeignFormatError("shorter than a superblock")
+    fields = _SB.unpack_from(buf, 0)
+    magic, version = fields[0], fields[1]
+    if magic != SUPERBLOCK_MAGIC:
+        raise ForeignFormatError("no tierkv NVMe superblock (other magic)")
+    if version != LAYOUT_VERSION:
+        raise ForeignFormatError(f"tierkv NVMe layout version {version}, expected {LAYOUT_VERSION}")
+    body = bytes(buf[: SUPERBLOCK_SIZE - _SB_SUM.size])
+    if _SB_SUM.unpack_from(buf, SUPERBLOCK_SIZE - _SB_SUM.size)[0] != checksum(body):
+        raise CorruptObjectError("superblock checksum mismatch")
+    (_m, _v, _flags, region_size, capacity, region_count, raw_uuid, alignment, ck_len, ck_sum,
+     ck_count) = fields
+    if ck_count > MAX_CHECKPOINT_REGIONS or region_size <= 0 or alignment <= 0:
+        raise CorruptObjectError("superblock fields out of range")
+    regions = tuple(
+        _SB_REGION.unpack_from(buf, _SB.size + i * _SB_REGION.size)[0] for i in range(ck_count)
+    )
+    if any(i >= region_count for i in regions):
+        raise CorruptObjectError("superblock names a checkpoint region that does not exist")
+    return Superblock(region_size, capacity, region_count, raw_uuid, alignment, ck_len, ck_sum,
+                      regions, version)
+
+
+# -- regions -------------------------------------------------------------------------------------
+def encode_region_header(uuid: bytes, seq: int, index: int) -> bytes:
+    head = _REGION.pack(REGION_MAGIC, uuid, seq, index, 0, 0)[:-8]
+    return head + struct.pack("<Q", checksum(head))
+
+
+def decode_region_header(
+    buf: bytes | bytearray | memoryview, uuid: bytes, index: int
+) -> int | None:
+    """The region's seq, or ``None`` when the block is no valid header of region `index`."""
+    magic, raw_uuid, seq, found_index, _r, check = _REGION.unpack_from(buf, 0)
+    if magic != REGION_MAGIC or raw_uuid != uuid or found_index != index:
+        return None
+    if checksum(bytes(buf[: _REGION.size - 8])) != check:
+        return None
+    return int(seq)
+
+
+# -- entries -------------------------------------------------------------------------------------
+def entry_size(header_len: int, payload_len: int, alignment: int) -> int:
+    return align_up(PREFIX.size + header_len + payload_len, alignment)
+
+
+def encode_prefix(uuid: bytes, flags: int, seq: int, body_len: int) -> bytes:
+    head = PREFIX.pack(ENTRY_MAGIC, flags, 0, seq, body_len, 0)[:_PREFIX_CHECKED]
+    return head + struct.pack("<Q", checksum(uuid + head))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryPrefix:
+    flags: int
+    seq: int
+    body_len: int
+
+
+def decode_prefix(
+    buf: bytes | bytearray | memoryview, offset: int, uuid: bytes
+) -> EntryPrefix | None:
+    """The prefix at `offset`, or ``None`` unless its magic and checksum hold."""
+    magic, flags, _r, seq, body_len, check = PREFIX.unpack_from(buf, offset)
+    if magic != ENTRY_MAGIC:
+        return None
+    if checksum(uuid + bytes(buf[offset : offset + _PREFIX_CHECKED])) != check:
+        return None
+    return EntryPrefix(flags, seq, body_len)
+
+
+def has_entry_magic(buf: bytes | bytearray | memoryview, offset: int) -> bool:
+    return bytes(buf[offset : offset + len(ENTRY_MAGIC)]) == ENTRY_MAGIC
+
+
+# -- checkpoint ----------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CheckpointRegion:
+    index: int
+    seq: int
+    used: int
+    last_access: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEntry:
+    key: bytes
+    region: int
+    offset: int
+    length: int
+    hits: int
+    kind: int
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    generation: int
+    parents: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    uuid: bytes
+    next_seq: int
+    regions: tuple[CheckpointRegion, ...]
+    entries: list[CheckpointEntry]
+
+
+def encode_checkpoint(ckpt: Checkpoint) -> bytes:
+    """Header + msgpack body; its length is not aligned (the writer pads it)."""
+    body = msgpack.packb(
+        [
+            CHECKPOINT_VERSION,
+            ckpt.uuid,
+            ckpt.next_seq,
+            [[r.index, r.seq, r.used, r.last_access] for r in ckpt.regions],
+            [
+                [e.key, e.region, e.offset, e.length, e.hits, e.kind, e.dtype, list(e.shape),
+                 e.nbytes, e.generation, list(e.parents)]
+                for e in ckpt.entries
+            ],
+        ],
+        use_bin_type=True,
+    )
+    return _CKPT.pack(CHECKPOINT_MAGIC, len(body), checksum(body)) + body
+
+
+def checkpoint_total(buf: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(total length, body checksum) from a checkpoint's header; `CorruptObjectError` if bad."""
+    magic, length, check = _CKPT.unpack_from(buf, 0)
+    if magic != CHECKPOINT_MAGIC:
+        raise CorruptObjectError("bad checkpoint magic")
+    return CHECKPOINT_HEADER + int(length), int(check)
+
+
+def decode_checkpoint(buf: bytes | bytearray | memoryview, uuid: bytes) -> Checkpoint:
+    total, check = checkpoint_total(buf)
+    if len(buf) < total:
+        raise CorruptObjectError("truncated checkpoint")
+    body = memoryview(buf)[CHECKPOINT_HEADER:total]
+    if checksum(body) != check:
+        raise CorruptObjectError("checkpoint checksum mismatch")
+    try:
+        fields = msgpack.unpackb(body, raw=False, use_list=False, strict_map_key=True)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise CorruptObjectError(f"checkpoint is not valid msgpack: {exc}") from exc
+    return _checkpoint_from(fields, uuid)
+
+
+def _uint(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**64:
+        raise CorruptObjectError("checkpoint field is not an unsigned integer")
+    return value
+
+
+def _checkpoint_from(fields: Any, uuid: bytes) -> Checkpoint:
+    if not isinstance(fields, tuple) or len(fields) != 5:
+        raise CorruptObjectError("checkpoint is not a 5-field array")
+    version, raw_uuid, next_seq, regions, entries = fields
+    if version != CHECKPOINT_VERSION or raw_uuid != uuid:
+        raise CorruptObjectError("checkpoint of another version or device")
+    if not isinstance(regions, tuple) or not isinstance(entries, tuple):
+        raise CorruptObjectError("checkpoint regions or entries are not arrays")
+    out_regions = []
+    for r in regions:
+        if not isinstance(r, tuple) or len(r) != 4:
+            raise CorruptObjectError("bad checkpoint region record")
+        out_regions.append(CheckpointRegion(*(_uint(v) for v in r)))
+    out_entries = []
+    for e in entries:
+        if not isinstance(e, tuple) or len(e) != 11:
+            raise CorruptObjectError("bad checkpoint entry record")
+        key, region, offset, length, hits, kind, dtype, shape, nbytes, generation, parents = e
+        if not isinstance(key, bytes) or not key or not isinstance(dtype, str):
+            raise CorruptObjectError("bad checkpoint entry key or dtype")
+        if not isinstance(shape, tuple) or not isinstance(parents, tuple):
+            raise CorruptObjectError("bad checkpoint entry shape or parents")
+        if not all(isinstance(p, bytes) and p for p in parents):
+            raise CorruptObjectError("bad checkpoint entry parent")
+        out_entries.append(CheckpointEntry(
+            key, _uint(region), _uint(offset), _uint(length), _uint(hits), _uint(kind), dtype,
+            tuple(_uint(d) for d in shape), _uint(nbytes), _uint(generation), parents,
+        ))
+    return Checkpoint(raw_uuid, _uint(next_seq), tuple(out_regions), out_entries)

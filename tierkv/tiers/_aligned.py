@@ -1,0 +1,95 @@
+"""Page-aligned IO buffers for O_DIRECT, recycled through a pool instead of allocated per IO.
+
+Each buffer is an anonymous `mmap` (page-aligned, so aligned for any logical block size up to the
+page size). The pool keeps released buffers in free lists by size class and hands them out again;
+only a miss maps new memory. A buffer is owned by whoever acquired it until `release`; the IO
+backends need its `address` to stay valid while the kernel uses it, which holding the
+`AlignedBuffer` object guarantees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+
+PAGE = mmap.PAGESIZE
+_SMALL_LIMIT = 64 << 10
+_LARGE_STEP = 64 << 10
+
+
+class AlignedBuffer:
+    """One page-aligned, zero-initialised block of anonymous memory of `size` bytes."""
+
+    __slots__ = ("_map", "address", "size", "view")
+
+    def __init__(self, size: int) -> None:
+        if size <= 0 or size % PAGE:
+            raise ValueError(f"aligned buffer size must be a positive multiple of {PAGE}")
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        anchor = ctypes.c_char.from_buffer(self._map)
+        self.address = ctypes.addressof(anchor)
+        del anchor  # the export must not outlive this line, or the map could never be closed
+        self.size = size
+        self.view = memoryview(self._map)
+
+    def close(self) -> None:
+        """Unmap the memory; a view a caller still holds keeps it mapped until it is released."""
+        self.view.release()
+        # A view someone still holds keeps the mapping until that view is collected.
+        with contextlib.suppress(BufferError):
+            self._map.close()
+
+
+def size_class(nbytes: int) -> int:
+    """The buffer size the pool serves a request of `nbytes` with (powers of two, then 64 KiB)."""
+    if nbytes <= PAGE:
+        return PAGE
+    if nbytes <= _SMALL_LIMIT:
+        return 1 << (nbytes - 1).bit_length()
+    return -(-nbytes // _LARGE_STEP) * _LARGE_STEP
+
+
+class AlignedPool:
+    """Free lists of `AlignedBuffer`s by size class.
+
+    `acquire` returns a buffer of at least `nbytes` (its `size` may be larger); `release` gives it
+    back for reuse. At most `keep_per_class` idle buffers are kept per class and `keep_bytes` in
+    all; anything beyond that is unmapped at release. Not thread-safe: the tier uses it from the
+    event loop thread only (the thread backend receives buffers already acquired).
+    """
+
+    def __init__(self, *, keep_per_class: int = 64, keep_bytes: int = 512 << 20) -> None:
+        self._free: dict[int, list[AlignedBuffer]] = {}
+        self._keep_per_class = keep_per_class
+        self._keep_bytes = keep_bytes
+        self._idle_bytes = 0
+        self.mapped = 0
+        self.misses = 0
+
+    def acquire(self, nbytes: int) -> AlignedBuffer:
+        size = size_class(nbytes)
+        free = self._free.get(size)
+        if free:
+            buf = free.pop()
+            self._idle_bytes -= size
+            return buf
+        self.misses += 1
+        self.mapped += size
+        return AlignedBuffer(size)
+
+    def release(self, buf: AlignedBuffer) -> None:
+        free = self._free.setdefault(buf.size, [])
+        if len(free) < self._keep_per_class and self._idle_bytes + buf.size <= self._keep_bytes:
+            free.append(buf)
+            self._idle_bytes += buf.size
+            return
+        self.mapped -= buf.size
+        buf.close()
+
+    def close(self) -> None:
+        for free in self._free.values():
+            for buf in free:
+                buf.close()
+        self._free.clear()
+        self._idle_bytes = 0

@@ -1,0 +1,76 @@
+"""Thread-pool backend: `os.preadv`/`os.pwritev` on worker threads, for kernels without io_uring.
+
+Each call runs one blocking syscall loop on a `ThreadPoolExecutor` of `min(queue_depth, 16)`
+workers; an `asyncio.Semaphore` bounds operations in flight to `queue_depth`. The buffer view is
+taken on the loop thread and released when the call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from tierkv.tiers._aligned import AlignedBuffer
+from tierkv.tiers._blockio import device_error, end_of_device, fdatasync
+
+_MAX_WORKERS = 16
+
+
+class ThreadIO:
+    """`BlockIO` over a thread pool (see the module docstring)."""
+
+    name = "threads"
+
+    def __init__(self, fd: int, path: str, queue_depth: int) -> None:
+        self._fd = fd
+        self._path = path
+        self._slots = asyncio.Semaphore(queue_depth)
+        self._pool = ThreadPoolExecutor(
+            max_workers=min(queue_depth, _MAX_WORKERS), thread_name_prefix="tierkv-nvme"
+        )
+        self._closed = False
+
+    def _read(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):
+            try:
+                got = os.preadv(self._fd, [view[done:]], offset + done)
+            except OSError as exc:
+                code = exc.errno or errno.EIO
+                raise device_error("read", self._path, code, offset + done) from exc
+            if got == 0:
+                raise end_of_device("read", self._path, offset + done)
+            done += got
+
+    def _write(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < len(view):
+            try:
+                put = os.pwritev(self._fd, [view[done:]], offset + done)
+            except OSError as exc:
+                code = exc.errno or errno.EIO
+                raise device_error("write", self._path, code, offset + done) from exc
+            if put == 0:
+                raise end_of_device("write", self._path, offset + done)
+            done += put
+
+    async def read(self, buf: AlignedBuffer, offset: int, length: int) -> None:
+        # No `with view`: a cancelled caller must not release a view a worker still uses.
+        view = buf.view[:length]
+        async with self._slots:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._read, view, offset)
+
+    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0) -> None:
+        view = buf.view[start : start + length]
+        async with self._slots:
+            await asyncio.get_running_loop().run_in_executor(self._pool, self._write, view, offset)
+
+    async def sync(self) -> None:
+        await fdatasync(self._fd, self._path)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)

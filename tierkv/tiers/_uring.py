@@ -1,0 +1,131 @@
+"""io_uring backend: one pyuring ring per tier, its fd watched by the event loop.
+
+pyuring 0.3.0 gives what is needed without ctypes of our own:
+
+* ``UringCtx.read_async_ptr`` / ``write_async_ptr(fd, address, length, offset, user_data)`` queue
+  one SQE and submit it at once. We pass the address of a pooled `AlignedBuffer` (never `bytes`,
+  which the library would copy for a read and lose the data).
+* ``UringCtx.ring_fd`` is the ring's own fd; it polls readable while the completion queue holds
+  entries, so `loop.add_reader` wakes us. ``peek_completion`` pops one CQE without blocking
+  (``None`` when empty) and marks it seen.
+* pyuring's `UringAsync.wait_completion` hands each completion to the *oldest* waiter whatever its
+  user_data, so it is not used: `_drain` pops every available CQE on each wake-up and resolves the
+  future registered under that CQE's user_data.
+
+Buffers stay referenced in `_pending` until their CQE arrives. A caller cancelled while its
+operation is in the kernel still waits for the completion before the cancellation propagates,
+so the buffer it then returns to the pool is never written by the kernel afterwards. The ring is
+used from the event loop thread only (pyuring's single-thread check stays on). An operation's
+negative result becomes `DeviceError` with that errno; short transfers are continued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import errno
+import logging
+from typing import Any
+
+from tierkv.tiers._aligned import AlignedBuffer
+from tierkv.tiers._blockio import device_error, end_of_device, fdatasync
+
+log = logging.getLogger(__name__)
+
+_USER_DATA_WRAP = 1 << 62
+
+
+class _Op(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+
+class UringIO:
+    """`BlockIO` over io_uring (see the module docstring). Create it inside the running loop."""
+
+    name = "io_uring"
+
+    def __init__(self, fd: int, path: str, queue_depth: int) -> None:
+        import pyuring
+
+        self._fd = fd
+        self._path = path
+        entries = 1 << max(1, (queue_depth - 1).bit_length())
+        self._ctx: Any = pyuring.direct.UringCtx(entries=entries)
+        self._ring_fd: int = self._ctx.ring_fd
+        self._loop = asyncio.get_running_loop()
+        self._pending: dict[int, tuple[asyncio.Future[int], AlignedBuffer]] = {}
+        self._next_user_data = 1
+        self._slots = asyncio.Semaphore(queue_depth)
+        self._loop.add_reader(self._ring_fd, self._drain)
+        self._closed = False
+        self.completions = 0
+        self.wakeups = 0
+
+    def _drain(self) -> None:
+        self.wakeups += 1
+        while (cqe := self._ctx.peek_completion()) is not None:
+            user_data, result = cqe
+            self.completions += 1
+            entry = self._pending.pop(user_data, None)
+            if entry is None:
+                log.warning("io_uring completion for unknown user_data %d", user_data)
+                continue
+            future = entry[0]
+            if not future.done():
+                future.set_result(result)
+
+    async def _one(self, op: _Op, buf: AlignedBuffer, start: int, offset: int, length: int) -> int:
+        user_data = self._next_user_data
+        self._next_user_data = user_data + 1 if user_data + 1 < _USER_DATA_WRAP else 1
+        future: asyncio.Future[int] = self._loop.create_future()
+        self._pending[user_data] = (future, buf)
+        try:
+            if op is _Op.READ:
+                self._ctx.read_async_ptr(self._fd, buf.address + start, length, offset, user_data)
+            else:
+                self._ctx.write_async_ptr(self._fd, buf.address + start, length, offset, user_data)
+        except OSError as exc:
+            del self._pending[user_data]
+            raise device_error(op.value, self._path, exc.errno or errno.EIO, offset) from exc
+        cancelled = False
+        while not future.done():
+            try:
+                await asyncio.shield(future)
+            except asyncio.CancelledError:
+                cancelled = True  # the kernel owns the buffer until the CQE: wait for it
+        if cancelled:
+            raise asyncio.CancelledError
+        return future.result()
+
+    async def _transfer(
+        self, op: _Op, buf: AlignedBuffer, start: int, offset: int, length: int
+    ) -> None:
+        done = 0
+        async with self._slots:
+            while done < length:
+                result = await self._one(op, buf, start + done, offset + done, length - done)
+                if result < 0:
+                    raise device_error(op.value, self._path, -result, offset + done)
+                if result == 0:
+                    raise end_of_device(op.value, self._path, offset + done)
+                done += result
+
+    async def read(self, buf: AlignedBuffer, offset: int, length: int) -> None:
+        await self._transfer(_Op.READ, buf, 0, offset, length)
+
+    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0) -> None:
+        await self._transfer(_Op.WRITE, buf, start, offset, length)
+
+    async def sync(self) -> None:
+        await fdatasync(self._fd, self._path)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        waiting = [future for future, _buf in self._pending.values()]
+        if waiting:
+            await asyncio.wait(waiting)
+        self._loop.remove_reader(self._ring_fd)
+        self._ctx.close()
