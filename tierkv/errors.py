@@ -20,7 +20,14 @@ class TierFullError(TierKVError):
 
 
 class DeviceError(TierKVError):
-    """A device or its media failed (EIO, ENOSPC, a pool in use, another format on the path)."""
+    """A device or its media failed (EIO, ENOSPC, a pool in use, another format on the path).
+
+    `errno` is the operating system's error number when the failure came with one.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 class ObjectNotFound(TierKVError, KeyError):

@@ -98,31 +98,38 @@ def _memcpy_bandwidth(size: int, rounds: int, device: torch.device, slots: int) 
 
 
 async def l1_tensor_bandwidth(
-    config: Config, *, rounds: int, progress: Progress = no_progress
+    config: Config, *, rounds: int, repeats: int = 3, progress: Progress = no_progress
 ) -> tuple[dict[str, Any], list[Row]]:
-    """put + get of 2 MiB tensors through the engine beside memcpy of the same bytes."""
+    """put + get of 2 MiB tensors through the engine beside memcpy of the same bytes.
+
+    Engine and memcpy runs alternate `repeats` times and the best of each is kept, so a burst of
+    load from a neighbour on a shared machine hits both sides alike.
+    """
     size = 2 * MiB
+    engine_best = memcpy_best = 0.0
     async with open(_l1_only(config, 16 * size, size)) as kv:
         tensor = torch.randn(size // 2, dtype=torch.float16, device=kv.device)
         keys = [f"t-{i}".encode() for i in range(8)]
         await kv.put(keys[0], tensor)
         await kv.get(keys[0])
-        started = time.perf_counter()
-        for i in range(rounds):
-            key = keys[i % len(keys)]
-            await kv.put(key, tensor)
-            got = await kv.get(key)
-            assert isinstance(got, torch.Tensor)
-            if i % 16 == 0:
-                progress("L1 put+get 2MiB tensor", i, rounds)
-        engine_bw = 2 * size * rounds / (time.perf_counter() - started)
-        progress("L1 put+get 2MiB tensor", rounds, rounds)
-        memcpy_bw = _memcpy_bandwidth(size, rounds, kv.device, len(keys))
+        for repeat in range(repeats):
+            started = time.perf_counter()
+            for i in range(rounds):
+                key = keys[i % len(keys)]
+                await kv.put(key, tensor)
+                got = await kv.get(key)
+                assert isinstance(got, torch.Tensor)
+                if i % 16 == 0:
+                    progress("L1 put+get 2MiB tensor", repeat * rounds + i, repeats * rounds)
+            engine_best = max(engine_best, 2 * size * rounds / (time.perf_counter() - started))
+            memcpy_best = max(memcpy_best,
+                              _memcpy_bandwidth(size, rounds, kv.device, len(keys)))
+        progress("L1 put+get 2MiB tensor", repeats * rounds, repeats * rounds)
     row = Row(
-        f"L1 put+get 2MiB tensor ({kv.device})", "MiB/s", engine_bw / MiB,
-        baseline=memcpy_bw / MiB, baseline_name="memcpy", target=0.5,
+        f"L1 put+get 2MiB tensor ({kv.device})", "MiB/s", engine_best / MiB,
+        baseline=memcpy_best / MiB, baseline_name="memcpy", target=0.5,
     )
-    return {"engine_MiB_s": engine_bw / MiB, "memcpy_MiB_s": memcpy_bw / MiB}, [row]
+    return {"engine_MiB_s": engine_best / MiB, "memcpy_MiB_s": memcpy_best / MiB}, [row]
 
 
 async def _run_tasks(

@@ -18,7 +18,7 @@ import logging
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -39,6 +39,8 @@ from tierkv.scheduler import LruPolicy, demotion_target, first_tier_for
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier, ZeroCopyPinning
 
 log = logging.getLogger(__name__)
+KeyT = TypeVar("KeyT", bound=Key)
+ValueT = TypeVar("ValueT", bound=Value)
 
 
 class Engine:
@@ -217,7 +219,9 @@ class Engine:
             await self._put_locked(raw, meta, payload)
         self._counters.puts += 1
 
-    async def put_many(self, items: Mapping[Key, Value] | Iterable[tuple[Key, Value]]) -> None:
+    async def put_many(
+        self, items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
+    ) -> None:
         """`put` of every (key, value) pair, in order."""
         pairs = items.items() if isinstance(items, Mapping) else items
         for key, value in pairs:

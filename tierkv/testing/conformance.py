@@ -151,7 +151,7 @@ class TierConformance:
         payload = first[1]
         if isinstance(payload, torch.Tensor):
             payload.fill_(0)
-        elif isinstance(payload, bytearray) or (isinstance(payload, memoryview) and not payload.readonly):
+        elif isinstance(payload, bytearray | memoryview) and not memoryview(payload).readonly:
             payload[:] = bytes(len(payload))
         second = await tier.get(key_of(6))
         assert second is not None
