@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -29,11 +30,14 @@ from tierkv.defaults import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
 
 console = Console()
+if not console.is_terminal:
+    console = Console(width=160)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="tierkv: %(levelname)s: %(message)s")
     try:
         return int(args.func(args))
     except ConfigError as exc:
