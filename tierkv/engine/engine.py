@@ -236,15 +236,24 @@ class Engine:
         self._index[raw] = entry
         try:
             placed = await self._store(raw, entry, payload, 0)
-            policy = self.config.engine.write_policy
-            if policy is WritePolicy.WRITE_THROUGH and not self.tiers[placed].persistent:
-                durable = next((i for i, t in enumerate(self.tiers) if t.persistent), None)
-                if durable is not None:
-                    await self._store(raw, entry, payload, durable)
+            if self.config.engine.write_policy is WritePolicy.WRITE_THROUGH:
+                await self._make_durable(raw, entry, payload, placed)
         except BaseException:
             if self._index.get(raw) is entry and not entry.locations:
                 del self._index[raw]
             raise
+
+    async def _make_durable(
+        self, raw: bytes, entry: IndexEntry, payload: Payload, placed: int
+    ) -> None:
+        """Write-through: a persistent tier holds the object, on media, before `put` returns."""
+        if not self.tiers[placed].persistent:
+            durable = next((i for i, t in enumerate(self.tiers) if t.persistent), None)
+            if durable is None:
+                return
+            placed = await self._store(raw, entry, payload, durable)
+        # a tier that buffers writes (the nvme log) puts them on media only when flushed
+        await self.tiers[placed].flush()
 
     async def delete(self, key: Key) -> bool:
         """Remove `key` from every tier; whether it was stored."""
