@@ -32,11 +32,15 @@ def same(a: bytes | torch.Tensor, b: bytes | torch.Tensor) -> bool:
     return isinstance(a, bytes) and isinstance(b, bytes) and a == b
 
 
-class EngineMachine(RuleBasedStateMachine):
-    config: dict[str, Any] = l1_config(capacity="2KiB", slot_size="256B")
+class ModelMachine(RuleBasedStateMachine):
+    """An engine beside a dictionary model; subclasses add the reads and their rules."""
+
+    def make_config(self) -> dict[str, Any]:
+        return l1_config(capacity="2KiB", slot_size="256B")
 
     def __init__(self) -> None:
         super().__init__()
+        self.config = self.make_config()
         self.loop = asyncio.new_event_loop()
         self.kv = self.loop.run_until_complete(tierkv.open(self.config))
         self.model: dict[str | bytes, bytes | torch.Tensor] = {}
@@ -49,6 +53,17 @@ class EngineMachine(RuleBasedStateMachine):
         self.run(self.kv.put(key, value))
         self.model[key] = value.clone() if isinstance(value, torch.Tensor) else value
 
+    @invariant()
+    def within_capacity(self) -> None:
+        for tier in self.kv.stats()["tiers"].values():
+            assert tier["used"] <= tier["capacity"]
+
+    def teardown(self) -> None:
+        self.run(self.kv.close())
+        self.loop.close()
+
+
+class EngineMachine(ModelMachine):
     @rule(key=KEYS)
     def get(self, key: str | bytes) -> None:
         got = self.run(self.kv.get(key))
@@ -84,15 +99,6 @@ class EngineMachine(RuleBasedStateMachine):
                 pass  # larger than the gpu tier
 
         self.run(pin())
-
-    @invariant()
-    def within_capacity(self) -> None:
-        for tier in self.kv.stats()["tiers"].values():
-            assert tier["used"] <= tier["capacity"]
-
-    def teardown(self) -> None:
-        self.run(self.kv.close())
-        self.loop.close()
 
 
 TestEngineL1 = EngineMachine.TestCase

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import rule
 
 import tierkv
-from tests.engine.test_engine_state_machine import KEYS, VALUES, same
+from tests.engine.test_engine_state_machine import KEYS, ModelMachine, same
 
 pytestmark = pytest.mark.pmem
 
@@ -158,27 +159,14 @@ async def test_concurrent_gets_across_tiers(tmp_path: Path) -> None:
         assert await kv.get_many(list(values)) == list(values.values())
 
 
-class HierarchyMachine(RuleBasedStateMachine):
+class HierarchyMachine(ModelMachine):
     """The dictionary-model state machine over gpu → pmem → nvme, with restarts."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        import tempfile
-
+    def make_config(self) -> dict[str, Any]:
         self.directory = tempfile.TemporaryDirectory(prefix="tierkv-sm-")
-        self.config = hierarchy(Path(self.directory.name), gpu_capacity="4KiB")
-        self.config["tiers"][0]["slot_size"] = "512B"
-        self.loop = asyncio.new_event_loop()
-        self.kv = self.loop.run_until_complete(tierkv.open(self.config))
-        self.model: dict[str | bytes, bytes | torch.Tensor] = {}
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    @rule(key=KEYS, value=VALUES)
-    def put(self, key: str | bytes, value: bytes | torch.Tensor) -> None:
-        self.run(self.kv.put(key, value))
-        self.model[key] = value.clone() if isinstance(value, torch.Tensor) else value
+        config = hierarchy(Path(self.directory.name), gpu_capacity="4KiB")
+        config["tiers"][0]["slot_size"] = "512B"
+        return config
 
     @rule(key=KEYS)
     def get(self, key: str | bytes) -> None:
@@ -204,14 +192,8 @@ class HierarchyMachine(RuleBasedStateMachine):
         self.run(self.kv.close())
         self.kv = self.run(tierkv.open(self.config))
 
-    @invariant()
-    def within_capacity(self) -> None:
-        for tier in self.kv.stats()["tiers"].values():
-            assert tier["used"] <= tier["capacity"]
-
     def teardown(self) -> None:
-        self.run(self.kv.close())
-        self.loop.close()
+        super().teardown()
         self.directory.cleanup()
 
 
