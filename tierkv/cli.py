@@ -70,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="shorter runs (CI, smoke tests)")
     bench.add_argument("--workdir", type=Path, default=Path("/var/tmp"),
                        help="where the embedded config and device benchmarks put files on disk")
+    bench.add_argument("--trace", type=Path, metavar="JSONL",
+                       help="also replay this request trace (hash_ids per request) through the "
+                            "engine under prefix semantics")
+    bench.add_argument("--block-size", type=_size_arg, default=64 << 10,
+                       help="bytes stored per trace block (default 64KiB)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=_bench)
     return parser
@@ -177,6 +182,8 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
             config, rounds=64 if quick else 512, progress=bar)))
     if args.device == "engine":
         jobs.append(("workload", lambda bar: _workload(config, args, bar)))
+    if args.trace is not None:
+        jobs.append(("trace", lambda bar: _trace(config, args, bar)))
     if args.device == "nvme":
         jobs.append(("nvme", lambda bar: _device_bench("nvme", args, bar)))
     if args.device == "pmem":
@@ -195,6 +202,21 @@ async def _workload(
         result, rows = await workload(
             kv, size=args.size, count=count, concurrency=args.concurrency, progress=bar
         )
+        result["stats"] = kv.stats()
+    return result, rows
+
+
+async def _trace(
+    config: Config, args: argparse.Namespace, bar: _Bar
+) -> tuple[dict[str, Any], list[Row]]:
+    from tierkv.bench.trace import replay
+    from tierkv.engine import open as open_engine
+
+    if not args.trace.is_file():
+        raise ConfigError(f"--trace: {args.trace} is not a file")
+    async with open_engine(config) as kv:
+        result, rows = await replay(kv, args.trace, block_bytes=args.block_size,
+                                    limit=1000 if args.quick else None, progress=bar)
         result["stats"] = kv.stats()
     return result, rows
 
@@ -237,7 +259,11 @@ def _print_rows(rows: list[Row]) -> None:
         if row.at_least is not None:
             goal.append(f"≥ {row.at_least:,g}")
         met = {True: "yes", False: "NO", None: ""}[row.meets_target]
-        table.add_row(row.case, f"{row.measured:,.1f} {row.unit}", baseline, ratio,
+        if row.unit == "ratio":
+            measured = f"{row.measured:.3f}"
+        else:
+            measured = f"{row.measured:,.1f} {row.unit}"
+        table.add_row(row.case, measured, baseline, ratio,
                       ", ".join(goal), met)
     console.print(table)
 
