@@ -24,7 +24,7 @@ async def test_prefix_hits_are_counted_up_to_the_first_miss(tmp_path: Path) -> N
     trace = tmp_path / "trace.jsonl"
     write_trace(trace, [[0, 1, 2], [0, 1, 3], [0, 1, 3, 4], [5, 1, 3]])
     async with tierkv.open(l1_config(capacity="1MiB", slot_size="1KiB")) as kv:
-        result, rows = await replay(kv, trace, block_bytes=100)
+        result, rows = await replay(kv, list(read_trace(trace)), block_bytes=100)
     # served: 0, then 2 (0,1), then 3 (0,1,3), then 0 (5 is new; 1 and 3 sit behind a miss)
     assert result["block_references"] == 13
     assert result["blocks_served"] == 5
@@ -45,3 +45,13 @@ def test_bad_trace_line_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as caught:
         list(read_trace(trace))
     assert f"{trace}:2" in str(caught.value)  # the message names the line: that is the point
+
+
+def test_cli_refuses_a_bad_trace_in_one_line(tmp_path: Path) -> None:
+    from tests.test_cli import run_cli
+
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text("not json\n")
+    result = run_cli("bench", "--device", "gpu", "--quick", "--trace", str(trace))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr

@@ -209,15 +209,17 @@ async def _workload(
 async def _trace(
     config: Config, args: argparse.Namespace, bar: _Bar
 ) -> tuple[dict[str, Any], list[Row]]:
-    from tierkv.bench.trace import replay
+    from tierkv.bench.trace import read_trace, replay
     from tierkv.engine import open as open_engine
 
-    if not args.trace.is_file():
-        raise ConfigError(f"--trace: {args.trace} is not a file")
+    try:
+        requests = list(read_trace(args.trace, 1000 if args.quick else None))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--trace: {exc}") from None
     async with open_engine(config) as kv:
-        result, rows = await replay(kv, args.trace, block_bytes=args.block_size,
-                                    limit=1000 if args.quick else None, progress=bar)
+        result, rows = await replay(kv, requests, block_bytes=args.block_size, progress=bar)
         result["stats"] = kv.stats()
+    result["trace"] = str(args.trace)
     return result, rows
 
 

@@ -47,10 +47,9 @@ def block_key(hash_id: int, position: int) -> BlockKey:
 
 
 async def replay(
-    kv: Engine, trace: Path, *, block_bytes: int, limit: int | None = None,
-    progress: Progress = no_progress,
+    kv: Engine, requests: list[list[int]], *, block_bytes: int, progress: Progress = no_progress
 ) -> tuple[dict[str, Any], list[Row]]:
-    requests = list(read_trace(trace, limit))
+    """Replay `requests` (the hash ids of each, as `read_trace` yields them) through `kv`."""
     value = os.urandom(block_bytes)
     references = served = puts = 0
     lookup_ns: list[int] = []
@@ -77,7 +76,6 @@ async def replay(
     lookups = sorted(ns / 1000 for ns in lookup_ns)
     hit_ratio = served / references if references else 0.0
     result = {
-        "trace": str(trace),
         "requests": len(requests),
         "block_references": references,
         "blocks_served": served,
