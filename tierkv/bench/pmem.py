@@ -1,18 +1,21 @@
 """`tierkv bench --device pmem`: PmemTier put/get bandwidth beside memcpy, and 4 KiB put latency.
 
-For each object size the benchmark puts a batch of distinct keys through the `PmemTier` API (one
-at a time, as a caller awaiting each put would), gets them all back, and deletes them; the
-baseline is a plain memcpy (numpy ``copyto`` between two preallocated arrays) of the same sizes
-and count, measured in the same run. Each phase is repeated and the best repetition kept for
-both sides alike. The pool lives in `directory` (tmpfs by default: emulated, not real pmem) and is
-deleted afterwards.
+For each object size the benchmark puts a batch of distinct keys through the `PmemTier` API, gets
+them all back, and deletes them, at two queue depths: QD1 (one request at a time, each awaited
+before the next) and QD`DEPTH` (`DEPTH` requests in flight from as many asyncio tasks, as fio's
+iodepth). The baseline is a plain single-threaded memcpy (numpy ``copyto`` between preallocated
+arrays) of the same sizes and count, measured in the same run. Each phase is repeated and the
+best repetition kept for both sides alike. The pool lives in `directory` (tmpfs by default:
+emulated, not real pmem) and is deleted afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,8 @@ from tierkv.tiers.pmem import PmemTier
 SIZES = (256 << 10, 1 << 20, 4 << 20)
 TARGET = 0.70
 LATENCY_SIZE = 4 << 10
+#: requests in flight in the concurrent case
+DEPTH = 8
 
 
 def _meta(size: int) -> ObjectMeta:
@@ -52,23 +57,38 @@ def _memcpy_seconds(size: int, count: int, *, scatter: bool) -> float:
     return time.perf_counter() - start
 
 
-async def _tier_seconds(tier: PmemTier, size: int, count: int) -> tuple[float, float]:
+async def _drive(keys: Iterable[bytes], depth: int,
+                 request: Callable[[bytes], Awaitable[object]]) -> float:
+    """Seconds to run `request` for every key with `depth` requests in flight."""
+    pending = iter(keys)
+
+    async def lane() -> None:
+        for key in pending:
+            await request(key)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(depth)))
+    return time.perf_counter() - start
+
+
+async def _tier_seconds(tier: PmemTier, size: int, count: int, depth: int) -> tuple[float, float]:
     data = memoryview(os.urandom(size))
     meta = _meta(size)
     keys = [b"\x02bench-%d" % i for i in range(count)]
-    start = time.perf_counter()
-    for key in keys:
+
+    async def put(key: bytes) -> None:
         await tier.put(key, meta, data)
-    put = time.perf_counter() - start
-    start = time.perf_counter()
-    for key in keys:
+
+    async def get(key: bytes) -> None:
         got = await tier.get(key)
-        if got is None:
+        if got is None or len(got[1]) != size:
             raise RuntimeError("a benchmark object was lost")
-    get = time.perf_counter() - start
+
+    put_seconds = await _drive(keys, depth, put)
+    get_seconds = await _drive(keys, depth, get)
     for key in keys:
         await tier.delete(key)
-    return put, get
+    return put_seconds, get_seconds
 
 
 async def run_pmem_bench(directory: Path, *, quick: bool = False,
@@ -88,22 +108,23 @@ async def run_pmem_bench(directory: Path, *, quick: bool = False,
         describe = tier.describe()
         for size in SIZES:
             count = max(4, batch_bytes // size)
-            best = {"put": float("inf"), "get": float("inf"), "scatter": float("inf"),
-                    "gather": float("inf")}
+            best: dict[str, float] = {}
             for _ in range(repeats):
-                put, get = await _tier_seconds(tier, size, count)
-                best["put"], best["get"] = min(best["put"], put), min(best["get"], get)
+                for depth in (1, DEPTH):
+                    put, get = await _tier_seconds(tier, size, count, depth)
+                    _keep_best(best, f"put{depth}", put)
+                    _keep_best(best, f"get{depth}", get)
                 for way in ("scatter", "gather"):
-                    seconds = _memcpy_seconds(size, count, scatter=way == "scatter")
-                    best[way] = min(best[way], seconds)
+                    _keep_best(best, way, _memcpy_seconds(size, count, scatter=way == "scatter"))
                 done += 1
                 progress("bandwidth", done, total)
             moved = size * count / 1e9
             label = format_size(size)
-            rows.append(Row(f"put {label}", "GB/s", moved / best["put"], moved / best["scatter"],
-                            "memcpy 1 source -> N slots", TARGET))
-            rows.append(Row(f"get {label}", "GB/s", moved / best["get"], moved / best["gather"],
-                            "memcpy N slots -> 1 target", TARGET))
+            for depth in (1, DEPTH):
+                rows.append(Row(f"put {label} QD{depth}", "GB/s", moved / best[f"put{depth}"],
+                                moved / best["scatter"], "memcpy 1 source -> N slots", TARGET))
+                rows.append(Row(f"get {label} QD{depth}", "GB/s", moved / best[f"get{depth}"],
+                                moved / best["gather"], "memcpy N slots -> 1 target", TARGET))
         samples = await _put_latencies(tier, latency_count)
         done += 1
         progress("latency", done, total)
@@ -121,8 +142,13 @@ async def run_pmem_bench(directory: Path, *, quick: bool = False,
         "pool_directory": str(directory),
         "media": describe,
         "quick": quick,
+        "depth": DEPTH,
         "rows": [row.to_json() for row in rows],
     }
+
+
+def _keep_best(best: dict[str, float], name: str, seconds: float) -> None:
+    best[name] = min(best.get(name, float("inf")), seconds)
 
 
 async def _put_latencies(tier: PmemTier, count: int) -> list[float]:

@@ -40,6 +40,8 @@ MIN_POOL = 8 << 20  # PMEMOBJ_MIN_POOL
 MAX_LAYOUT = 1024  # PMEMOBJ_MAX_LAYOUT, including the terminating NUL
 MAX_ALLOC_SIZE = 0x3FFDFFFC0  # PMEMOBJ_MAX_ALLOC_SIZE
 IN_USE_ERRNOS = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
+#: libpmem's ``PMEM_F_MEM_NODRAIN | PMEM_F_MEM_NONTEMPORAL``: streaming stores, no fence
+_STREAM_FLAGS = (1 << 0) | (1 << 1)
 
 
 class PMEMoid(ctypes.Structure):
@@ -122,6 +124,8 @@ class _Lib:
             (obj, "pmemobj_errormsg", c.c_char_p, []),
             (obj, "pmemobj_check_version", c.c_char_p, [c.c_uint, c.c_uint]),
             (pmem, "pmem_is_pmem", c.c_int, [c.c_void_p, c.c_size_t]),
+            (pmem, "pmem_memcpy", c.c_void_p, [c.c_void_p, c.c_void_p, c.c_size_t, c.c_uint]),
+            (pmem, "pmem_drain", None, []),
         ]
         for lib, name, restype, argtypes in sigs:
             try:
@@ -330,6 +334,23 @@ class Pool:
     def memcpy_persist(self, dest: int, src: int | bytes, size: int) -> None:
         """Copy `size` bytes from `src` (an address, or a bytes object) to `dest` and persist."""
         self._lib.obj.pmemobj_memcpy_persist(self.handle, dest, src, size)
+
+    def stream(self, dest: int, src: int, size: int) -> None:
+        """Copy into the pool with non-temporal (streaming) stores and no fence.
+
+        libpmem's ``pmem_memcpy(NONTEMPORAL | NODRAIN)``: the stores bypass the cache, so no
+        cache line of the destination is read first and nothing is left to flush on real pmem.
+        The caller `drain`s once after the last one and then `persist`s the whole range (the
+        msync an emulated pool needs). ``pmemobj_memcpy`` is not used because on a pool that
+        is not pmem PMDK 1.12 ignores its flags and copies with temporal stores plus an msync
+        on every call.
+        """
+        self._lib.pmem.pmem_memcpy(dest, src, size, _STREAM_FLAGS)
+
+    def drain(self) -> None:
+        """``pmem_drain``: a store fence; streaming stores made so far are ordered before later
+        stores (and, on real pmem, durable)."""
+        self._lib.pmem.pmem_drain()
 
 
 def set_prefault(*, at_create: bool, at_open: bool) -> None:

@@ -1,10 +1,13 @@
 """L2: a libpmemobj pool on a DAX device or file; one atomic allocation per object.
 
-Write path: `put` encodes the record (prefix, header, payload; `formats.pmem_layout`) and makes one
-``pmemobj_xalloc`` whose constructor copies and persists all of it before PMDK publishes the
-allocation, so after a crash an object is either whole or absent. An overwrite allocates the new
-record first and frees the old one after; a crash in between leaves both, and recovery keeps the
-newer. `delete` is ``pmemobj_free`` (atomic).
+Write path: `put` makes one ``pmemobj_xalloc`` of the record (prefix, header, payload;
+`formats.pmem_layout`) whose constructor fills it and persists it once, as a whole, before PMDK
+publishes the allocation, so after a crash an object is either whole or absent. The payload is
+hashed and streamed in chunks (`_copy_in`: memory is read once, with non-temporal stores); the
+header, which holds the checksum, is written after it at an offset sized for the widest checksum
+encoding (the payload moves up in the 1-in-2**32 case of a shorter one). An overwrite allocates
+the new record first and frees the old one after; a crash in between leaves both, and recovery
+keeps the newer. `delete` is ``pmemobj_free`` (atomic).
 
 Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
 record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
@@ -21,11 +24,15 @@ On an ordinary file PMDK persists with msync and the tier says it is *emulated*;
 survives a process crash but not a reboot. `describe` and `stats` state which case holds.
 
 Concurrency: coroutines of one event loop. Copies of payloads of `LARGE_COPY` bytes or more (in
-and out of the pool) and the recovery walk run on a worker thread (ctypes releases the GIL); small
-ones run inline. A `get` that overlaps a `delete` or overwrite of its key holds the old allocation
-until its copy is done (reader count), so it returns the whole old object, never reused memory.
+and out of the pool) and the recovery walk run on the tier's copy thread (`_CopyThreads`: ctypes
+and xxhash release the GIL); small ones run inline. The index and `used` are touched only on the
+loop: a copy's bookkeeping runs there when it ends, even if its caller was cancelled meanwhile (a
+cancelled put then frees what it wrote; a cancelled get releases its hold). A `get` that
+overlaps a `delete` or overwrite of its key holds the old allocation until its copy is done
+(reader count), so it returns the whole old object, never reused memory.
 
-Buffers: `put` copies the payload before it returns; `get` returns a fresh `bytearray`.
+Buffers: `put` copies the payload before it returns; `get` returns a writable `memoryview` of a
+fresh (not zero-filled) numpy buffer that the caller owns.
 
 Errors: `DeviceError` for a pool that is not ours (another layout, a corrupt header, a non-pool
 file: the file is left untouched unless ``format = true``), a pool another process holds ("in
@@ -38,20 +45,24 @@ import asyncio
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import os
+import queue
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
+import xxhash
 
 from tierkv.config import PmemTierConfig
 from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.header import ObjectHeader, checksum, encode_header, verify_payload
+from tierkv.formats.header import ObjectHeader, encode_header, verify_payload
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers import _pmemobj as pmemobj
 from tierkv.tiers.base import RecoveredObject, Tier, TierKind
@@ -62,6 +73,12 @@ T = TypeVar("T")
 
 #: payloads of this many bytes or more are copied on the worker thread, off the event loop
 LARGE_COPY = 64 << 10
+#: threads that run large copies (and the recovery walk). On the 2-vCPU test VM two threads
+#: were no faster than one with 8 requests in flight, and gets were slower (three threads
+#: contending for the GIL and two cores; docs/benchmarks-pmem.md)
+COPY_THREADS = 1
+#: copy-and-hash granule: small enough that the chunk just copied is still in L2 when hashed
+CHUNK = 256 << 10
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
 HEADER_ALLOWANCE = 256
 _MAX_CHECKSUM = 2**64 - 1
@@ -149,6 +166,110 @@ def _pool_view(address: int, size: int) -> memoryview:
     return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
 
 
+def _copy_in(pool: pmemobj.Pool, dest: int, view: memoryview) -> int:
+    """Copy `nbytes` into the pool; the xxh3 of the bytes copied.
+
+    Chunk by chunk, the source is hashed and then streamed into the pool from the cache the hash
+    just filled, so the source is read from memory once and no destination line is read at all
+    (streaming stores). The caller persists the record. A caller that changes its buffer during
+    the put (against the contract) gets a checksum miss on get, never wrong bytes.
+    """
+    digest = xxhash.xxh3_64()
+    nbytes = view.nbytes
+    if nbytes:
+        source = _address_of(view)
+        for start in range(0, nbytes, CHUNK):
+            length = min(CHUNK, nbytes - start)
+            digest.update(view[start : start + length])
+            pool.stream(dest + start, source + start, length)
+        pool.drain()
+    return digest.intdigest()
+
+
+def _copy_out(obj: _Object) -> memoryview | None:
+    """A caller-owned copy of the payload (uninitialised buffer, filled and hashed chunk by
+    chunk); ``None`` when it fails its checksum."""
+    nbytes = obj.meta.nbytes
+    out = np.empty(nbytes, dtype=np.uint8)
+    view = out.data
+    digest = xxhash.xxh3_64()
+    source = obj.address + obj.payload_offset
+    target = int(out.ctypes.data)
+    for start in range(0, nbytes, CHUNK):
+        length = min(CHUNK, nbytes - start)
+        ctypes.memmove(target + start, source + start, length)
+        digest.update(view[start : start + length])
+    return view if digest.intdigest() == obj.payload_checksum else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Job(Generic[T]):
+    work: Callable[[], T]
+    future: asyncio.Future[T]
+
+
+class _CopyThreads:
+    """Threads that run pool copies off the event loop (ctypes and xxhash release the GIL).
+
+    Jobs go in through one `queue.SimpleQueue`; a thread that finds more jobs queued takes the
+    next without sleeping. Results come back through `loop.call_soon_threadsafe`, but at most one
+    such wake-up is pending at a time: results that finish meanwhile ride along with it.
+    A job's future is never cancelled from here; callers `asyncio.shield` it so that a cancelled
+    caller still gets its bookkeeping done when the copy ends. `close` waits for every job.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int, name: str) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
+        self._results: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        self._lock = threading.Lock()
+        self._posted = False
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
+                         for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, work: Callable[[], T]) -> asyncio.Future[T]:
+        future: asyncio.Future[T] = self._loop.create_future()
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        self._jobs.put(_Job(work, future))
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                result, error = job.work(), None
+            except BaseException as exc:  # handed to the awaiting coroutine
+                result, error = None, exc
+            self._results.append((job.future, result, error))
+            with self._lock:
+                post, self._posted = not self._posted, True
+            if post:
+                self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            self._posted = False
+        while self._results:
+            future, result, error = self._results.popleft()
+            if future.cancelled():
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+    async def close(self) -> None:
+        while self._pending:
+            await asyncio.wait(set(self._pending))
+        for _ in self._threads:
+            self._jobs.put(None)
+        for thread in self._threads:
+            thread.join()  # each is past its last job: this returns at once
+
+
 class PmemTier(Tier):
     """The L2 persistent-memory tier (see the module docstring)."""
 
@@ -167,7 +288,7 @@ class PmemTier(Tier):
         self._sequence = 1
         self._class_flags: list[int] = []
         self._arena = 0
-        self._executor: ThreadPoolExecutor | None = None
+        self._copy_threads: _CopyThreads | None = None
         self._operations = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -182,27 +303,25 @@ class PmemTier(Tier):
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix=f"tierkv-{self.name}-pmem")
+        loop = asyncio.get_running_loop()
+        copier = _CopyThreads(loop, COPY_THREADS, f"tierkv-{self.name}-pmem")
         try:
-            return await self._off_loop(self._open_sync)
+            recovered = await copier.submit(self._open_sync)
         except BaseException:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            await copier.close()
             raise
+        self._copy_threads = copier
+        return recovered
 
     async def _close(self) -> None:
         await self._idle.wait()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        if self._copy_threads is not None:
+            await self._copy_threads.close()
+            self._copy_threads = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None
         self._objects.clear()
-
-    async def _off_loop(self, function: Callable[..., T], *args: Any) -> T:
-        assert self._executor is not None  # set for the whole time the tier is open
-        return await asyncio.get_running_loop().run_in_executor(self._executor, function, *args)
 
     def _open_sync(self) -> list[RecoveredObject]:
         pool = self._open_pool()
@@ -397,62 +516,87 @@ class PmemTier(Tier):
             raise ValueError(f"payload holds {view.nbytes} bytes, meta says {meta.nbytes}")
         sequence = self._sequence
         self._sequence += 1
-        self._begin()
-        try:
-            if view.nbytes < LARGE_COPY:
-                payload_sum = checksum(view)
-                header = encode_header(ObjectHeader(key, meta, payload_sum))
-                reserved = layout.record_footprint(layout.PREFIX_SIZE + len(header) + view.nbytes)
-                self._reserve(reserved)
-                try:
-                    obj = self._write(sequence, header, payload_sum, meta, view)
-                except BaseException:
-                    self._used -= reserved
-                    raise
-            else:
-                widest = encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM))
-                reserved = layout.record_footprint(layout.PREFIX_SIZE + len(widest) + view.nbytes)
-                self._reserve(reserved)
-                try:
-                    obj = await self._off_loop(self._write_large, sequence, key, meta, view)
-                except BaseException:
-                    self._used -= reserved
-                    raise
+        # the widest header (a checksum of 2**32 or more: all but 1 in 2**32) sizes the record
+        widest = encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM))
+        reserved = layout.record_footprint(layout.PREFIX_SIZE + len(widest) + view.nbytes)
+        self._reserve(reserved)
+        if view.nbytes < LARGE_COPY:
+            try:
+                obj = self._write(sequence, key, meta, view, len(widest))
+            except BaseException as exc:
+                self._used -= reserved
+                self._count_failure(exc)
+                raise
             self._used += obj.footprint - reserved
             self._install(key, obj)
-        finally:
+            return ()
+        abandoned = False
+
+        def finish(job: asyncio.Future[_Object]) -> None:
+            # on the loop, once the worker is done, whether or not the caller still waits
             self._end()
+            error = job.exception() if not job.cancelled() else asyncio.CancelledError()
+            if error is not None:
+                self._used -= reserved
+                self._count_failure(error)
+                return
+            obj = job.result()
+            self._used += obj.footprint - reserved
+            if abandoned:  # a cancelled put leaves nothing behind
+                self._release(obj)
+            else:
+                self._install(key, obj)
+
+        self._begin()
+        job = self._copier().submit(
+            functools.partial(self._write, sequence, key, meta, view, len(widest)))
+        job.add_done_callback(finish)
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            abandoned = True
+            raise
         return ()
 
-    def _write_large(self, sequence: int, key: bytes, meta: ObjectMeta,
-                     view: memoryview) -> _Object:
-        payload_sum = checksum(view)
-        header = encode_header(ObjectHeader(key, meta, payload_sum))
-        return self._write(sequence, header, payload_sum, meta, view)
+    def _count_failure(self, error: BaseException) -> None:
+        if isinstance(error, TierFullError):
+            self._counters["pool_full"] += 1
 
-    def _write(self, sequence: int, header: bytes, payload_sum: int, meta: ObjectMeta,
-               view: memoryview) -> _Object:
+    def _write(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview,
+               header_guess: int) -> _Object:
+        """Allocate and fill one record; runs inline (small) or on a copy thread (large).
+
+        The payload is copied and hashed in `CHUNK`s (hashing the chunk just written, still in
+        the cache), so memory is read about once; the header, which holds the checksum, is
+        written after it, and the whole record is persisted once before PMDK publishes it.
+        """
         pool = self._live_pool()
-        record = layout.encode_prefix(sequence) + header
-        size = len(record) + view.nbytes
-        source = _address_of(view)
+        prefix = layout.encode_prefix(sequence)
+        offset = len(prefix) + header_guess
+        nbytes = view.nbytes
+        written: list[int] = []
 
         def construct(address: int) -> None:
-            pool.memcpy_persist(address, record, len(record))
-            if view.nbytes:
-                pool.memcpy_persist(address + len(record), source, view.nbytes)
+            payload_sum = _copy_in(pool, address + offset, view)
+            record = prefix + encode_header(ObjectHeader(key, meta, payload_sum))
+            if len(record) != offset:  # a shorter checksum encoding: the payload moves up
+                ctypes.memmove(address + len(record), address + offset, nbytes)
+            ctypes.memmove(address, record, len(record))
+            pool.persist(address, len(record) + nbytes)
+            written.extend((payload_sum, len(record)))
 
+        size = offset + nbytes
         cls = layout.size_class(size)
         flags = self._class_flags[layout.SIZE_CLASSES.index(cls)] if cls is not None else 0
         try:
             oid = pool.alloc(size, layout.OBJECT_TYPE_NUM, construct, flags)
         except DeviceError as exc:
             if pmemobj.failure_errno(exc) == errno.ENOMEM:
-                self._counters["pool_full"] += 1
                 raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
                                     f"{size} bytes") from exc
             raise
-        return _Object(oid, pool.direct(oid), meta, len(record), payload_sum,
+        payload_sum, payload_offset = written
+        return _Object(oid, pool.direct(oid), meta, payload_offset, payload_sum,
                        pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
 
     def _install(self, key: bytes, obj: _Object) -> None:
@@ -494,17 +638,24 @@ class PmemTier(Tier):
             return None
         obj.readers += 1
         self._begin()
-        try:
-            if obj.meta.nbytes < LARGE_COPY:
-                data = self._read(obj)
-            else:
-                data = await self._off_loop(self._read, obj)
-        finally:
+
+        def finish(_job: object = None) -> None:
+            # the allocation stays ours until the copy is done, even if the caller went away
             obj.readers -= 1
             if obj.doomed and not obj.readers:
                 obj.doomed = False
                 self._release(obj)
             self._end()
+
+        if obj.meta.nbytes < LARGE_COPY:
+            try:
+                data = _copy_out(obj)
+            finally:
+                finish()
+        else:
+            job = self._copier().submit(functools.partial(_copy_out, obj))
+            job.add_done_callback(finish)
+            data = await asyncio.shield(job)
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
@@ -515,14 +666,9 @@ class PmemTier(Tier):
             return None
         return obj.meta, data
 
-    def _read(self, obj: _Object) -> bytearray | None:
-        size = obj.meta.nbytes
-        out = bytearray(size)
-        if size:
-            target = (ctypes.c_char * size).from_buffer(out)
-            ctypes.memmove(target, obj.address + obj.payload_offset, size)
-            del target
-        return out if checksum(out) == obj.payload_checksum else None
+    def _copier(self) -> _CopyThreads:
+        assert self._copy_threads is not None  # set for the whole time the tier is open
+        return self._copy_threads
 
     async def delete(self, key: bytes) -> bool:
         self._check_open()

@@ -1,0 +1,189 @@
+"""The large-object data path: chunked copy+hash, copy thread, concurrency, errors, cancelling."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+from pathlib import Path
+
+import pytest
+
+from tierkv.config import PmemTierConfig
+from tierkv.errors import TierFullError
+from tierkv.formats import pmem_layout as layout
+from tierkv.formats.header import ObjectHeader, checksum, encode_header
+from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers import _pmemobj as pm
+from tierkv.tiers.pmem import CHUNK, LARGE_COPY, PmemTier
+
+pytestmark = pytest.mark.pmem
+
+CAPACITY = 32 << 20
+# not a multiple of CHUNK, so the last chunk is partial
+LARGE = 2 * CHUNK + 12345
+
+
+def make(path: Path) -> PmemTier:
+    return PmemTier(PmemTierConfig("pmem", CAPACITY, path))
+
+
+def meta_of(size: int) -> ObjectMeta:
+    return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
+
+
+async def test_chunked_checksum_matches_one_shot(tmp_path: Path) -> None:
+    """The checksum written chunk by chunk is the one-shot xxh3 the recovery walk verifies."""
+    path = tmp_path / "tier.pool"
+    data = os.urandom(LARGE)
+    tier = make(path)
+    await tier.open()
+    try:
+        await tier.put(b"\x02big", meta_of(LARGE), data)
+    finally:
+        await tier.close()
+    tier = make(path)
+    recovered = await tier.open()
+    try:
+        assert [r.key for r in recovered] == [b"\x02big"]
+        assert tier.stats()["corrupt_freed_at_open"] == 0
+        got = await tier.get(b"\x02big")
+        assert got is not None and bytes(got[1]) == data
+    finally:
+        await tier.close()
+    # and the record on the media carries exactly the one-shot checksum
+    pool = pm.open_pool(path, layout.LAYOUT_NAME)
+    try:
+        oid = pool.first()
+        assert oid is not None
+        record = ctypes.string_at(pool.direct(oid), pool.usable_size(oid))
+        info = layout.decode_record(memoryview(record))
+        assert info.header.payload_checksum == checksum(data)
+    finally:
+        pool.close()
+
+
+async def test_shorter_header_moves_the_payload(tmp_path: Path) -> None:
+    """A checksum below 2**32 encodes shorter than the header the record was sized for: the
+    payload is moved up behind the real header (forced here with an over-wide guess)."""
+    path = tmp_path / "tier.pool"
+    data = os.urandom(LARGE)
+    widest = len(encode_header(ObjectHeader(b"\x02moved", meta_of(LARGE), 2**64 - 1)))
+    tier = make(path)
+    await tier.open()
+    try:
+        obj = tier._write(1, b"\x02moved", meta_of(LARGE), memoryview(data), widest + 8)
+        assert obj.payload_offset == layout.PREFIX_SIZE + widest
+        assert ctypes.string_at(obj.address + obj.payload_offset, LARGE) == data
+        assert obj.payload_checksum == checksum(data)
+        tier._live_pool().free(obj.oid)
+    finally:
+        await tier.close()
+
+
+async def test_concurrent_large_puts_and_gets_keep_contents(tmp_path: Path) -> None:
+    tier = make(tmp_path / "tier.pool")
+    await tier.open()
+    try:
+        datas = {b"\x02c-%d" % i: os.urandom(LARGE_COPY + 977 * i) for i in range(12)}
+        await asyncio.gather(*(tier.put(k, meta_of(len(v)), v) for k, v in datas.items()))
+        # overwrite half while reading all of them
+        fresh = {k: os.urandom(len(v) + 1) for k, v in list(datas.items())[::2]}
+        results = await asyncio.gather(
+            *(tier.get(k) for k in datas),
+            *(tier.put(k, meta_of(len(v)), v) for k, v in fresh.items()),
+        )
+        for (key, old), got in zip(datas.items(), results, strict=False):
+            assert got is not None
+            assert bytes(got[1]) in (old, fresh.get(key, old))
+        datas.update(fresh)
+        final = await tier.get_many(list(datas))
+        for data, got in zip(datas.values(), final, strict=True):
+            assert got is not None and bytes(got[1]) == data
+        expected = sum(tier.footprint(len(v)) for v in datas.values())
+        assert tier.used <= tier.capacity
+        assert abs(tier.used - expected) <= len(datas) * 4096  # header-size rounding only
+        for key in datas:
+            assert await tier.delete(key)
+        assert tier.used == 0
+    finally:
+        await tier.close()
+
+
+async def test_returned_payload_is_a_writable_owned_buffer(tmp_path: Path) -> None:
+    tier = make(tmp_path / "tier.pool")
+    await tier.open()
+    try:
+        data = os.urandom(LARGE)
+        await tier.put(b"\x02own", meta_of(LARGE), data)
+        got = await tier.get(b"\x02own")
+        assert got is not None
+        payload = got[1]
+        assert isinstance(payload, memoryview) and not payload.readonly
+        payload[:] = bytes(LARGE)
+        again = await tier.get(b"\x02own")
+        assert again is not None and bytes(again[1]) == data
+    finally:
+        await tier.close()
+
+
+async def test_worker_error_reaches_the_caller_and_used_stays_consistent(tmp_path: Path) -> None:
+    """PMDK's ENOMEM on a copy thread is TierFullError in the caller; `used` is unchanged."""
+    path = tmp_path / "tight.pool"
+    size = layout.pool_size_for(CAPACITY)
+    pool = pm.create_pool(path, layout.LAYOUT_NAME, size)
+    try:
+        pool.root(size - (6 << 20))  # leave the pool far less room than the tier counts
+    finally:
+        pool.close()
+    tier = make(path)
+    await tier.open()
+    try:
+        before = tier.used
+        with pytest.raises(TierFullError):
+            for i in range(CAPACITY // LARGE):
+                await tier.put(b"\x02f-%d" % i, meta_of(LARGE), bytes(LARGE))
+                before = tier.used
+        assert tier.used == before
+        assert tier.stats()["pool_full"] == 1
+    finally:
+        await tier.close()
+
+
+async def test_cancelled_large_put_leaves_nothing(tmp_path: Path) -> None:
+    tier = make(tmp_path / "tier.pool")
+    await tier.open()
+    try:
+        task = asyncio.create_task(tier.put(b"\x02gone", meta_of(8 << 20), bytes(8 << 20)))
+        await asyncio.sleep(0)  # the copy is on its thread now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await tier.put(b"\x02sync", meta_of(LARGE), bytes(LARGE))  # queued behind the copy
+        assert not await tier.contains(b"\x02gone")
+        assert 0 < tier.used <= tier.footprint(LARGE)
+        assert await tier.delete(b"\x02sync")
+        assert tier.used == 0
+    finally:
+        await tier.close()
+
+
+async def test_cancelled_large_get_keeps_the_object(tmp_path: Path) -> None:
+    tier = make(tmp_path / "tier.pool")
+    await tier.open()
+    try:
+        data = os.urandom(4 << 20)
+        await tier.put(b"\x02keep", meta_of(len(data)), data)
+        task = asyncio.create_task(tier.get(b"\x02keep"))
+        await asyncio.sleep(0)
+        assert await tier.delete(b"\x02keep")  # freed only once the copy is done
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await tier.put(b"\x02next", meta_of(len(data)), data)
+        got = await tier.get(b"\x02next")
+        assert got is not None and bytes(got[1]) == data
+        assert await tier.delete(b"\x02next")
+        assert tier.used == 0
+    finally:
+        await tier.close()
