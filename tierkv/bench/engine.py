@@ -200,4 +200,7 @@ async def workload(
         Row(f"get {label} p50", "µs", result["get"]["p50_us"]),
         Row(f"get {label} p99", "µs", result["get"]["p99_us"]),
     ]
+    rows.extend(Row(f"gets served by tier {tier}", "gets", count) for tier, count in hits.items())
+    if misses:
+        rows.append(Row("gets that missed (dropped by the last tier)", "gets", misses))
     return result, rows
