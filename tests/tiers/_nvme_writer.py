@@ -2,6 +2,11 @@
 
 ``crash DIR BACKEND``: puts objects in batches, flushes after each batch and prints
 ``FLUSHED i j ...`` for the batch, then sleeps until killed.
+``lru DIR BACKEND SEED``: LRU eviction over few small regions; a seeded random mix of puts
+(new versions of a few keys), deletes and reads (mostly of a few keys written first, which
+keeps the oldest region the most recently used), printing each op
+``PUT i n`` / ``DEL i`` before doing it, the keys a put dropped (``DROP i ...``) and ``ACK``
+after each flush; runs until killed.
 ``fsize DIR BACKEND LIMIT``: lowers RLIMIT_FSIZE to LIMIT bytes (writes past it fail with EFBIG,
 a real error from the kernel's write path), puts until a region write fails and prints
 ``DEVICE_ERROR <errno>`` when flush raises `DeviceError`.
@@ -10,13 +15,14 @@ a real error from the kernel's write path), puts until a region write fails and 
 from __future__ import annotations
 
 import asyncio
+import random
 import resource
 import signal
 import sys
 from pathlib import Path
 
 from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for
-from tierkv.config import NvmeBackend
+from tierkv.config import NvmeBackend, RegionEviction
 from tierkv.errors import DeviceError
 from tierkv.tiers.nvme import NvmeTier
 
@@ -36,6 +42,48 @@ async def crash(directory: Path, backend: NvmeBackend) -> None:
         print("FLUSHED", *done, flush=True)
     print("DONE", flush=True)
     await asyncio.sleep(3600)
+
+
+def versioned(i: int, version: int) -> bytes:
+    """Payload of version `version` of key `i`: its first 8 digits are ``i * 10000 + version``."""
+    return payload_for(i * 10000 + version, 20000 + 7919 * (i + version) % 60000)
+
+
+def key_id(raw: bytes) -> int:
+    return int(raw.rsplit(b"-", 1)[1])
+
+
+async def lru(directory: Path, backend: NvmeBackend, seed: int) -> None:
+    rng = random.Random(seed)
+    tier = NvmeTier(nvme_config(directory, regions=6, backend=backend, reinsert_hits=0,
+                                eviction=RegionEviction.LRU))
+    await tier.open()
+    versions: dict[int, int] = {}
+
+    async def put(i: int) -> None:
+        versions[i] = versions.get(i, 0) + 1
+        data = versioned(i, versions[i])
+        print("PUT", i, i * 10000 + versions[i], flush=True)
+        dropped = await tier.put(key(i), meta_of(data), memoryview(data))
+        if dropped:
+            print("DROP", *(key_id(k) for k in dropped), flush=True)
+
+    # keys 0..5 are written once, with the first versions of the others, and then read often:
+    # their region stays the most recently used while the newer regions get reclaimed first
+    for i in range(40):
+        await put(i)
+    while True:
+        for _ in range(10):
+            i, roll = rng.randrange(6, 40), rng.random()
+            if roll < 0.45:
+                await put(i)
+            elif roll < 0.6:
+                print("DEL", i, flush=True)
+                await tier.delete(key(i))
+            else:
+                await tier.get(key(rng.randrange(6)) if roll < 0.9 else key(i))
+        await tier.flush()
+        print("ACK", flush=True)
 
 
 async def fsize(directory: Path, backend: NvmeBackend, limit: int) -> None:
@@ -61,6 +109,8 @@ def main() -> None:
     mode, directory, backend = sys.argv[1], Path(sys.argv[2]), NvmeBackend(sys.argv[3])
     if mode == "crash":
         asyncio.run(crash(directory, backend))
+    elif mode == "lru":
+        asyncio.run(lru(directory, backend, int(sys.argv[4])))
     else:
         asyncio.run(fsize(directory, backend, int(sys.argv[4])))
 

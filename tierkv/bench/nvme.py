@@ -5,9 +5,10 @@ same block size and queue depth) measures the device, then the tier is formatted
 file and driven through the `NvmeTier` API by `QUEUE_DEPTH` asyncio tasks, then a directory of
 one file per object is written and read back with aiofiles (buffered IO, page cache dropped per
 file with ``POSIX_FADV_DONTNEED`` after a sync, so its reads are cold). Index memory per entry is
-measured with tracemalloc over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s
-canonical size) — numpy reports its column allocations to tracemalloc, so the figure covers the
-dict, the key objects, the slot ints and the columns.
+measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s
+canonical size): in full mode by tracemalloc over building it (every allocation the index makes,
+keys included), in both modes by `NvmeIndex.memory_bytes()` (getsizeof of its containers; the
+index has no per-entry Python objects, so the two agree; tracemalloc alone takes ~40 s).
 
 `run_nvme_bench` returns JSON-able data: ``rows`` (`Row.to_json()` dicts), ``config`` (sizes,
 durations, paths) and ``fio`` (raw fio figures). `nvme_rows(result)` turns ``rows`` back into
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -169,13 +171,19 @@ async def _files_run(directory: Path, size: int, count: int) -> dict[str, float]
 
 
 # -- index memory --------------------------------------------------------------------------------
-def index_bytes_per_entry(entries: int = INDEX_ENTRIES) -> float:
-    """tracemalloc growth of an `NvmeIndex` holding `entries` 33-byte keys, per entry."""
+def index_bytes_per_entry(entries: int = INDEX_ENTRIES, *, traced: bool = True) -> float:
+    """Bytes per entry of an `NvmeIndex` holding `entries` 33-byte keys.
+
+    ``traced``: tracemalloc growth over building it (every allocation the index makes, keys
+    included; ~40 s for 1 M entries, as tracemalloc slows each int allocation). Otherwise
+    `NvmeIndex.memory_bytes()` (sys.getsizeof of its containers; a second).
+    """
     from tierkv.tiers._nvme_index import NvmeIndex
 
     meta = _meta(4096)
     gc.collect()
-    tracemalloc.start()
+    if traced:
+        tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         index = NvmeIndex(4096)
@@ -184,9 +192,10 @@ def index_bytes_per_entry(entries: int = INDEX_ENTRIES) -> float:
             index.put(key, region=i % 1000, offset=(i % 8000) * 8192, length=8192, meta=meta)
         after = tracemalloc.get_traced_memory()[0]
     finally:
-        tracemalloc.stop()
+        if traced:
+            tracemalloc.stop()
     assert len(index) == entries
-    return (after - before) / entries
+    return (after - before if traced else index.memory_bytes()) / entries
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -252,9 +261,14 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
                     f"aiofiles, {count} files, cold"),
             ]
         step("aiofiles one file per object")
-        per_entry = await loop.run_in_executor(None, index_bytes_per_entry, INDEX_ENTRIES)
-        rows.append(Row("index memory per entry (1M entries, 33-byte keys, tracemalloc)",
-                        "bytes", per_entry, at_most=100.0))
+        sized = await loop.run_in_executor(
+            None, functools.partial(index_bytes_per_entry, INDEX_ENTRIES, traced=False))
+        rows.append(Row("index memory per entry (1M entries, 33-byte keys, getsizeof)",
+                        "bytes", sized, at_most=100.0))
+        if not quick:
+            traced = await loop.run_in_executor(None, index_bytes_per_entry, INDEX_ENTRIES)
+            rows.append(Row("index memory per entry (1M entries, 33-byte keys, tracemalloc)",
+                            "bytes", traced, at_most=100.0))
         step("index memory")
     finally:
         path.unlink(missing_ok=True)

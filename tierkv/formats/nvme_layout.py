@@ -24,7 +24,9 @@ tombstone entry (flag `TOMBSTONE`) records a delete; its header has an empty pay
 
 Checkpoint: ``magic "TKVCKPT\\0" | length u64 | xxh3 u64 | msgpack body`` written into regions the
 index does not use, listed in the superblock. The body is ``[version, uuid, next_seq, regions,
-entries]`` with plain arrays only (see `Checkpoint`); decoding checks every type.
+entries]`` with plain arrays only (see `Checkpoint`); decoding checks every type. Version 2 adds
+each region's *shadows* (the older regions whose records it supersedes); a version 1 checkpoint
+is refused, so the tier rebuilds by scanning, which recomputes them.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ LAYOUT_VERSION = 1
 REGION_MAGIC = b"TKVREGN\x00"
 ENTRY_MAGIC = b"TKVE"
 CHECKPOINT_MAGIC = b"TKVCKPT\x00"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 2: regions carry their shadows list
 
 TOMBSTONE = 0x1
 
@@ -196,6 +198,7 @@ class CheckpointRegion:
     seq: int
     used: int
     last_access: int
+    shadows: tuple[int, ...] = ()  # older regions whose records this one supersedes
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +231,7 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
             CHECKPOINT_VERSION,
             ckpt.uuid,
             ckpt.next_seq,
-            [[r.index, r.seq, r.used, r.last_access] for r in ckpt.regions],
+            [[r.index, r.seq, r.used, r.last_access, list(r.shadows)] for r in ckpt.regions],
             [
                 [e.key, e.region, e.offset, e.length, e.hits, e.kind, e.dtype, list(e.shape),
                  e.nbytes, e.generation, list(e.parents)]
@@ -278,9 +281,11 @@ def _checkpoint_from(fields: Any, uuid: bytes) -> Checkpoint:
         raise CorruptObjectError("checkpoint regions or entries are not arrays")
     out_regions = []
     for r in regions:
-        if not isinstance(r, tuple) or len(r) != 4:
+        if not isinstance(r, tuple) or len(r) != 5 or not isinstance(r[4], tuple):
             raise CorruptObjectError("bad checkpoint region record")
-        out_regions.append(CheckpointRegion(*(_uint(v) for v in r)))
+        index, seq, used, last_access = (_uint(v) for v in r[:4])
+        out_regions.append(CheckpointRegion(index, seq, used, last_access,
+                                            tuple(_uint(v) for v in r[4])))
     out_entries = []
     for e in entries:
         if not isinstance(e, tuple) or len(e) != 11:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tierkv.errors import DeviceError
 from tierkv.tiers._aligned import AlignedBuffer
 
 
@@ -22,7 +24,13 @@ class Region:
     seq: int = 0
     used: int = 0  # bytes from the region start up to the end of its last entry
     live: int = 0  # footprint bytes of the entries the index points at
-    durable: int = 0  # bytes of the buffer already written (HEAD after a flush)
+    durable: int = 0  # bytes of the buffer whose write was issued (write-behind) or done
+    writes: set[asyncio.Task[None]] = field(default_factory=set)  # write-behind in flight
+    failed: DeviceError | None = None  # the first write-behind failure of this use
     readers: int = 0  # device reads in flight; a region with readers is never reclaimed
     last_access: int = 0
     buffer: AlignedBuffer | None = None
+    # Older regions holding records that a record here supersedes (an overwrite or a tombstone).
+    # This region is reclaimed only once they are gone, or a scan after a crash would find the
+    # older record with nothing newer and bring it back.
+    shadows: set[int] = field(default_factory=set)

@@ -3,10 +3,12 @@
 Layout on media: `tierkv.formats.nvme_layout`. Puts append ``prefix | object header (with the
 key) | payload`` entries, each aligned to the device's block size and checksummed, into the
 in-memory *head* region buffer; a full head is sealed and written whole in the background (at
-most two regions in flight) while a fresh head takes new puts; `flush()` writes the head's
-unwritten part and waits for every sealed region. Reads of entries still in a buffer are served
-from memory; other reads go to the device through the IO backend into a pooled aligned buffer
-and are copied out, so the caller owns what `get` returns. Deletes append a tombstone entry.
+most two regions in flight) while a fresh head takes new puts. Write-behind: whenever 1 MiB or
+more of the head is unwritten, a put starts writing it in the background, so large objects go to
+the device at once; `flush()` writes the head's unwritten part and waits for every write.
+Reads of entries still in a buffer are served from memory; other reads go to the device through
+the IO backend into a pooled aligned buffer and are copied out, so the caller owns what `get`
+returns. Deletes append a tombstone entry.
 
 Space: `capacity` is the region area (region count times region size). When no region is free,
 puts reclaim a whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read
@@ -20,11 +22,14 @@ Recovery: a clean `close()` writes an index checkpoint (msgpack, checksummed) in
 and records it in the superblock; `open` loads it when valid and at once clears it from the
 superblock (so a later crash scans). Otherwise the index is rebuilt by scanning region entry
 headers (`_nvme_scan`). Entries failing a checksum are never served: at scan they are dropped,
-at `get` the key becomes a miss; both are counted (``checksum_failures``). With LRU reclaim, a
-crash (not a clean close) can bring back an older version of a key whose newer entry or
-tombstone lived in a region reclaimed before the older one; the generation recorded in the
-returned meta tells them apart. When free regions cannot hold the checkpoint at close, none is
-written and the next open scans.
+at `get` the key becomes a miss; both are counted (``checksum_failures``). A crash never brings
+back a deleted, overwritten or dropped entry once the delete/overwrite was flushed: a region
+holding a record that supersedes one in an older region (an overwrite or a tombstone) is not
+reclaimed before that older region (`Region.shadows`; the oldest sealed region is always
+eligible, so LRU degrades towards FIFO only under heavy overwriting), and a region taken for
+reuse gets its new header written at once, which makes its old records stale for the scan.
+When free regions cannot hold the checkpoint at close (or writing it fails), none is recorded
+and the next open scans.
 
 Concurrency: every coroutine may run concurrently on one event loop; appends, deletes and
 reclaims are serialised by one `asyncio.Lock`, reads are not. Errors: `DeviceError` (with
@@ -298,7 +303,11 @@ class NvmeTier(Tier):
             region = self._regions[r.index]
             region.state, region.seq, region.used = RegionState.SEALED, r.seq, r.used
             region.last_access = r.last_access
+            region.shadows = set(r.shadows)
             self._tick = max(self._tick, r.last_access)
+        sealed = {r.index for r in ckpt.regions}
+        if any(not self._regions[i].shadows <= sealed for i in sealed):
+            raise CorruptObjectError("checkpoint region shadows an impossible region")
         for e in ckpt.entries:
             if e.region >= self._region_count:
                 raise CorruptObjectError("checkpoint entry in an impossible region")
@@ -323,7 +332,7 @@ class NvmeTier(Tier):
             self._counters["checksum_failures"] += scanned.corrupt
             for entry in scanned.entries:
                 if entry.tombstone:
-                    self._forget(entry.key)
+                    self._shadow(region, self._forget(entry.key))
                 else:
                     self._insert(entry.key, region, offset=entry.offset,
                                  length=entry.length, meta=entry.meta, hits=0)
@@ -336,13 +345,21 @@ class NvmeTier(Tier):
             except DeviceError as exc:
                 log.error("%s: flush at close failed (%s); no checkpoint written", self.name, exc)
             else:
-                await self._write_checkpoint()
+                try:
+                    await self._write_checkpoint()
+                except DeviceError as exc:
+                    # the superblock still names no checkpoint: the next open scans
+                    self._counters["checkpoint_skipped"] += 1
+                    log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
         finally:
             await self._release()
 
     async def _release(self) -> None:
         if self._sealing:
             await asyncio.gather(*self._sealing, return_exceptions=True)
+        for region in self._regions:  # a head whose flush failed may still have writes out
+            if region.writes:
+                await asyncio.gather(*list(region.writes), return_exceptions=True)
         for region in self._regions:
             if region.buffer is not None:
                 self._pool.release(region.buffer)
@@ -359,7 +376,7 @@ class NvmeTier(Tier):
         _d, io, sb = self._dev_io()
         if self._head is not None:
             self._seal_in_place(self._head)
-        regions = [CheckpointRegion(r.index, r.seq, r.used, r.last_access)
+        regions = [CheckpointRegion(r.index, r.seq, r.used, r.last_access, tuple(sorted(r.shadows)))
                    for r in self._regions if r.state is RegionState.SEALED]
         entries = []
         for key in list(self._index.keys()):
@@ -401,8 +418,20 @@ class NvmeTier(Tier):
         if old is not None:
             self._regions[old.region].live -= old.length
             self._live -= old.length
+            self._shadow(region, old)
         region.live += length
         self._live += length
+
+    def _shadow(self, region: Region, old: Location | None) -> None:
+        """`region` now holds a record superseding `old` (an overwrite or a tombstone)."""
+        if old is not None and old.region != region.index:
+            region.shadows.add(old.region)
+
+    def _unshadow(self, gone: Region) -> None:
+        """`gone`'s records no longer exist on media: nothing needs to outlive it any more."""
+        gone.shadows.clear()
+        for region in self._regions:
+            region.shadows.discard(gone.index)
 
     def _forget(self, key: bytes) -> Location | None:
         old = self._index.remove(key)
@@ -428,11 +457,13 @@ class NvmeTier(Tier):
             if self._lost:
                 dropped.extend(self._lost)
                 self._lost.clear()
-        return dropped
+        # a reclaim may have dropped this key's previous entry; the key itself is stored
+        return [k for k in dropped if k != key]
 
     async def _append(self, key: bytes, meta: ObjectMeta, header: bytes, *,
                       payload: memoryview | bytes, flags: int, size: int,
-                      hits: int = 0) -> list[bytes]:
+                      hits: int = 0, shadowed: tuple[Location, int] | None = None
+                      ) -> list[bytes]:
         """Copy one entry into the head (rotating first if it does not fit); under `_lock`."""
         dropped: list[bytes] = []
         while self._head is None or self._head.used + size > self.config.region_size:
@@ -451,8 +482,12 @@ class NvmeTier(Tier):
         start += len(payload)
         view[start : at + size] = bytes(at + size - start)
         head.used = at + size
+        if head.used - head.durable >= _WRITE_CHUNK:
+            self._write_behind(head)  # keep the device busy instead of waiting for a full region
         if flags & TOMBSTONE:
-            self._forget(key)
+            # the region of the deleted entry may have been reclaimed by the rotation above
+            if shadowed is not None and self._regions[shadowed[0].region].seq == shadowed[1]:
+                self._shadow(head, shadowed[0])
         else:
             self._insert(key, head, offset=at, length=size, meta=meta, hits=hits)
         return dropped
@@ -473,7 +508,7 @@ class NvmeTier(Tier):
             region, hot, dropped = await self._reclaim()
         else:
             region = free
-        _d, _io, sb = self._dev_io()
+        _d, io, sb = self._dev_io()
         region.state, region.seq = RegionState.HEAD, self._next_seq
         self._next_seq += 1
         region.buffer = self._pool.acquire(self.config.region_size)
@@ -481,6 +516,21 @@ class NvmeTier(Tier):
             sb.uuid, region.seq, region.index
         ).ljust(self._align, b"\0")
         region.used, region.durable, region.live = self._align, 0, 0
+        region.failed = None
+        # The new header (new seq) makes the region's old records stale on media at once, so a
+        # crash can never bring back what a reclaim dropped; only then may regions superseding
+        # those records be reclaimed in turn.
+        try:
+            await io.write(region.buffer, self._offset(region.index), self._align)
+        except DeviceError:
+            self._pool.release(region.buffer)
+            region.buffer, region.state = None, RegionState.FREE
+            self._lost.extend(dropped)
+            self._lost.extend(key for key, _m, _h, _p in hot)
+            raise
+        region.durable = self._align
+        self._counters["bytes_written"] += self._align
+        self._unshadow(region)
         region.last_access = self._tick
         self._head = region
         for key, meta, header, payload in hot:
@@ -497,8 +547,10 @@ class NvmeTier(Tier):
             # a region still being written may be the least recently used one
             await asyncio.gather(*self._sealing, return_exceptions=True)
         while True:
+            # A region superseding records of an older one waits for it (see Region.shadows);
+            # the oldest sealed region never waits, so FIFO is unaffected.
             victims = [r for r in self._regions
-                       if r.state is RegionState.SEALED and r.readers == 0]
+                       if r.state is RegionState.SEALED and r.readers == 0 and not r.shadows]
             if victims:
                 break
             self._changed.clear()
@@ -552,7 +604,7 @@ class NvmeTier(Tier):
 
     async def _write_sealed(self, region: Region) -> None:
         try:
-            await self._write_buffer(region, region.durable, region.used)
+            await self._drain_writes(region)
         except DeviceError as exc:
             log.error("%s: writing region %d failed: %s", self.name, region.index, exc)
             self._write_error = exc
@@ -561,6 +613,7 @@ class NvmeTier(Tier):
                 self._forget(key)
             self._lost.extend(lost)
             region.state = RegionState.FREE
+            self._unshadow(region)
         else:
             region.state = RegionState.SEALED
         finally:
@@ -579,8 +632,32 @@ class NvmeTier(Tier):
             io.write(buffer, base + at, min(_WRITE_CHUNK, end - at), at)
             for at in range(start, end, _WRITE_CHUNK)
         ))
-        region.durable = max(region.durable, end)
         self._counters["bytes_written"] += end - start
+
+    def _write_behind(self, region: Region) -> None:
+        """Start writing the part of `region`'s buffer not yet issued, in the background."""
+        start, end = region.durable, region.used
+        if end <= start:
+            return
+        region.durable = end
+        task = asyncio.create_task(self._write_range(region, start, end))
+        region.writes.add(task)
+        task.add_done_callback(region.writes.discard)
+
+    async def _write_range(self, region: Region, start: int, end: int) -> None:
+        try:
+            await self._write_buffer(region, start, end)
+        except DeviceError as exc:
+            if region.failed is None:
+                region.failed = exc  # surfaces at the region's seal or the next flush
+
+    async def _drain_writes(self, region: Region) -> None:
+        """Issue what is left of `region`'s buffer, wait for all its writes; raise a failure."""
+        self._write_behind(region)
+        while region.writes:
+            await asyncio.gather(*list(region.writes))
+        if region.failed is not None:
+            raise region.failed
 
     def _seal_in_place(self, head: Region) -> None:
         """At close: the flushed head becomes an ordinary sealed region."""
@@ -656,9 +733,11 @@ class NvmeTier(Tier):
             tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, meta.generation)
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
             size = entry_size(len(header), 0, self._align)
-            self._forget(key)
+            old = self._forget(key)
+            assert old is not None
+            shadowed = (old, self._regions[old.region].seq)
             self._lost.extend(await self._append(key, tomb, header, payload=b"",
-                                                flags=TOMBSTONE, size=size))
+                                                flags=TOMBSTONE, size=size, shadowed=shadowed))
         return True
 
     async def contains(self, key: bytes) -> bool:
@@ -678,8 +757,8 @@ class NvmeTier(Tier):
                 await asyncio.gather(*self._sealing, return_exceptions=True)
             _d, io, _sb = self._dev_io()
             head = self._head
-            if head is not None and head.used > head.durable:
-                await self._write_buffer(head, head.durable, head.used)
+            if head is not None:
+                await self._drain_writes(head)
             await io.sync()
             error, self._write_error = self._write_error, None
         if error is not None:
