@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierkv.tiers._aligned import AlignedBuffer
@@ -33,28 +34,26 @@ class ThreadIO:
         self._closed = False
 
     def _read(self, view: memoryview, offset: int) -> None:
-        done = 0
-        while done < len(view):
-            try:
-                got = os.preadv(self._fd, [view[done:]], offset + done)
-            except OSError as exc:
-                code = exc.errno or errno.EIO
-                raise device_error("read", self._path, code, offset + done) from exc
-            if got == 0:
-                raise end_of_device("read", self._path, offset + done)
-            done += got
+        self._transfer("read", os.preadv, view, offset)
 
     def _write(self, view: memoryview, offset: int) -> None:
+        self._transfer("write", os.pwritev, view, offset)
+
+    def _transfer(
+        self, op: str, call: Callable[[int, list[memoryview], int], int], view: memoryview,
+        offset: int,
+    ) -> None:
+        """Move all of `view` with `call` (preadv/pwritev), resuming after short transfers."""
         done = 0
         while done < len(view):
             try:
-                put = os.pwritev(self._fd, [view[done:]], offset + done)
+                moved = call(self._fd, [view[done:]], offset + done)
             except OSError as exc:
                 code = exc.errno or errno.EIO
-                raise device_error("write", self._path, code, offset + done) from exc
-            if put == 0:
-                raise end_of_device("write", self._path, offset + done)
-            done += put
+                raise device_error(op, self._path, code, offset + done) from exc
+            if moved == 0:
+                raise end_of_device(op, self._path, offset + done)
+            done += moved
 
     async def read(self, buf: AlignedBuffer, offset: int, length: int) -> None:
         # No `with view`: a cancelled caller must not release a view a worker still uses.
