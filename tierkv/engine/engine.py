@@ -169,9 +169,11 @@ class Engine:
         return self.tiers[entry.locations[0]].name
 
     async def _read(self, raw: bytes) -> tuple[ObjectMeta, Payload] | None:
+        """The fastest intact copy of `raw`, trying slower copies when a tier fails or lost it."""
         entry = self._index.get(raw)
-        while entry is not None and entry.locations:
-            tier_index = entry.locations[0]
+        if entry is None:
+            return None
+        for tier_index in list(entry.locations):
             tier = self.tiers[tier_index]
             entry.start_read()
             try:
@@ -179,7 +181,7 @@ class Engine:
             except DeviceError as exc:
                 self._counters.device_errors += 1
                 log.warning("tier %s failed to read an object: %s", tier.name, exc)
-                return None
+                continue  # the copy may still be fine; a slower tier may answer
             finally:
                 entry.end_read()
             if self._index.get(raw) is not entry:
@@ -188,7 +190,7 @@ class Engine:
                 self._counters.hits[tier.name] += 1
                 self._lru[tier_index].touch(raw, time.monotonic())
                 return got
-            # the tier lost this copy (checksum failure): forget it, try the next one
+            # the tier lost this copy (it failed its checksum): forget it
             self._counters.corrupt_reads += 1
             entry.remove_location(tier_index)
             self._lru[tier_index].remove(raw)
