@@ -361,10 +361,11 @@ class Engine:
 
     async def _evict_one(self, tier_index: int, *, protect: bytes) -> bool:
         """Evict the scheduler's next victim from a tier; False if nothing can be evicted."""
-        for victim in self._lru[tier_index].victims(self._protected(tier_index, protect)):
-            await self._evict(victim, tier_index)
-            return True
-        return False
+        victim = self._lru[tier_index].victim(self._protected(tier_index, protect))
+        if victim is None:
+            return False
+        await self._evict(victim, tier_index)
+        return True
 
     async def _evict(self, key: bytes, tier_index: int) -> None:
         """Move an object out of a tier: demote it unless a lower tier already holds a copy."""

@@ -1,13 +1,13 @@
 """Least-recently-used order of the objects in one tier, with their last access times.
 
-The interface is the small one a policy needs (`insert / touch / remove / victims / idle`); the
+The interface is the small one a policy needs (`insert / touch / remove / victim / idle`); the
 engine owns the objects and calls it on every access. Time is passed in, so tests need no clock.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 
 class LruPolicy:
@@ -32,11 +32,15 @@ class LruPolicy:
     def remove(self, key: bytes) -> None:
         self._last_access.pop(key, None)
 
-    def victims(self, protected: Callable[[bytes], bool]) -> Iterator[bytes]:
-        """Keys in eviction order (least recently used first), skipping protected ones."""
-        for key in list(self._last_access):
-            if key in self._last_access and not protected(key):
-                yield key
+    def victim(self, protected: Callable[[bytes], bool]) -> bytes | None:
+        """The least recently used key that is not protected, or ``None``.
+
+        Cost is the number of protected keys skipped, not the number of keys held.
+        """
+        for key in self._last_access:
+            if not protected(key):
+                return key
+        return None
 
     def idle(self, cutoff: float) -> list[bytes]:
         """Keys not accessed since `cutoff`, least recently used first."""
