@@ -179,7 +179,7 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
         jobs.append(("l1_get_4k", lambda bar: engine_bench.l1_get_latency(
             config, count=30_000 if quick else 200_000, progress=bar)))
         jobs.append(("l1_tensor_2m", lambda bar: engine_bench.l1_tensor_bandwidth(
-            config, rounds=64 if quick else 512, progress=bar)))
+            config, rounds=256 if quick else 1024, progress=bar)))
     if args.device == "engine":
         jobs.append(("workload", lambda bar: _workload(config, args, bar)))
     if args.trace is not None:

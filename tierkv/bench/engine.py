@@ -66,14 +66,24 @@ async def l1_get_latency(
         elapsed = (clock() - started) / 1e9
         progress("L1 get 4KiB", count, count)
         device = str(kv.device)
+        # puts into the full tier: every one evicts the least recently used object
+        value = os.urandom(size)
+        put_samples: list[int] = []
+        for done in range(count // 4):
+            t0 = clock()
+            await kv.put(b"fill-%d" % done, value)
+            put_samples.append(clock() - t0)
     summary = _latency_summary(samples)
+    puts = _latency_summary(put_samples)
     rate = count / elapsed
     rows = [
         Row(f"L1 get hit 4KiB p50 ({device})", "µs", summary["p50_us"], at_most=20.0),
         Row(f"L1 get hit 4KiB p99 ({device})", "µs", summary["p99_us"]),
         Row(f"L1 get 4KiB, 1 task ({device})", "gets/s", rate, at_least=50_000.0),
+        Row(f"L1 put 4KiB into a full tier p50 ({device})", "µs", puts["p50_us"]),
+        Row(f"L1 put 4KiB into a full tier p99 ({device})", "µs", puts["p99_us"]),
     ]
-    return {"device": device, "gets_per_s": rate, **summary}, rows
+    return {"device": device, "gets_per_s": rate, **summary, "put": puts}, rows
 
 
 def _memcpy_bandwidth(size: int, rounds: int, device: torch.device, slots: int) -> float:
