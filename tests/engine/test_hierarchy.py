@@ -107,6 +107,22 @@ async def test_flush_is_a_barrier(tmp_path: Path) -> None:
         assert await kv.locate("k") == "gpu"  # still hot in L1, now with a durable copy
 
 
+async def test_unflushed_counts_objects_without_a_persistent_copy(tmp_path: Path) -> None:
+    async with tierkv.open(hierarchy(tmp_path)) as kv:
+        for i in range(3):
+            await kv.put(f"k{i}", bytes(3000))
+        assert kv.stats()["engine"]["unflushed"] == 3
+        for i in range(3, 8):  # four slots: the oldest are demoted to pmem
+            await kv.put(f"k{i}", bytes(3000))
+        assert kv.stats()["engine"]["unflushed"] == 4
+        await kv.delete("k7")
+        assert kv.stats()["engine"]["unflushed"] == 3
+        await kv.flush()
+        assert kv.stats()["engine"]["unflushed"] == 0
+        await kv.put("k0", b"rewritten")
+        assert kv.stats()["engine"]["unflushed"] == 1
+
+
 async def test_write_through_puts_a_persistent_copy(tmp_path: Path) -> None:
     async with tierkv.open(
         hierarchy(tmp_path, write_policy="write_through", gpu_capacity="1MiB")

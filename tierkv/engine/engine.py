@@ -50,6 +50,8 @@ class Engine:
         self.config = config
         self.tiers: tuple[Tier, ...] = tuple(tiers)
         self._index: dict[bytes, IndexEntry] = {}
+        # objects no persistent tier holds yet: what `flush` must write down
+        self._volatile: dict[bytes, IndexEntry] = {}
         self._lru = [LruPolicy() for _ in self.tiers]
         self._pins: dict[bytes, int] = {}
         self._lock = asyncio.Lock()
@@ -195,7 +197,7 @@ class Engine:
             entry.remove_location(tier_index)
             self._lru[tier_index].remove(raw)
             if not entry.locations:
-                del self._index[raw]
+                self._unindex(raw)
         return None
 
     def _decode(self, meta: ObjectMeta, payload: Payload) -> bytes | torch.Tensor:
@@ -230,7 +232,7 @@ class Engine:
             await self.put(key, value)
 
     async def _put_locked(self, raw: bytes, meta: ObjectMeta, payload: Payload) -> None:
-        old = self._index.pop(raw, None)
+        old = self._unindex(raw)
         if old is not None:
             await self._discard(raw, old)
         self._generation += 1
@@ -242,7 +244,7 @@ class Engine:
                 await self._make_durable(raw, entry, payload, placed)
         except BaseException:
             if self._index.get(raw) is entry and not entry.locations:
-                del self._index[raw]
+                self._unindex(raw)
             raise
 
     async def _make_durable(
@@ -262,7 +264,7 @@ class Engine:
         self._check_open()
         raw = encode_key(key)
         async with self._lock:
-            entry = self._index.pop(raw, None)
+            entry = self._unindex(raw)
             if entry is None:
                 return False
             await self._discard(raw, entry)
@@ -284,13 +286,10 @@ class Engine:
         durable = next((i for i, t in enumerate(self.tiers) if t.persistent), None)
         if durable is None:
             return
-        for raw, entry in list(self._index.items()):
+        for raw, entry in list(self._volatile.items()):
             if self._index.get(raw) is not entry or not entry.locations:
                 continue
-            if any(self.tiers[i].persistent for i in entry.locations):
-                continue
-            source = entry.locations[0]
-            got = await self._read_copy(raw, entry, source)
+            got = await self._read_copy(raw, entry, entry.locations[0])
             if got is None:
                 continue
             try:
@@ -341,6 +340,10 @@ class Engine:
             return True
         entry.add_location(index)
         self._lru[index].insert(raw, time.monotonic())
+        if tier.persistent:
+            self._volatile.pop(raw, None)
+        elif not any(self.tiers[i].persistent for i in entry.locations):
+            self._volatile[raw] = entry
         return True
 
     def _forget(self, dropped: Iterable[bytes], tier_index: int) -> None:
@@ -352,7 +355,7 @@ class Engine:
                 continue
             entry.remove_location(tier_index)
             if not entry.locations:
-                del self._index[key]
+                self._unindex(key)
                 self._counters.drops += 1
 
     def _protected(self, tier_index: int, protect: bytes) -> Any:
@@ -390,7 +393,7 @@ class Engine:
         await entry.wait_for_readers()
         await tier.delete(key)
         if not entry.locations and self._index.get(key) is entry:
-            del self._index[key]
+            self._unindex(key)
             self._counters.drops += 1
 
     async def _read_copy(
@@ -405,6 +408,11 @@ class Engine:
             return None
         finally:
             entry.end_read()
+
+    def _unindex(self, key: bytes) -> IndexEntry | None:
+        """Remove a key from the index (and from what flush must persist); its entry, if any."""
+        self._volatile.pop(key, None)
+        return self._index.pop(key, None)
 
     async def _discard(self, key: bytes, entry: IndexEntry) -> None:
         """Delete every copy of an entry already removed from the index."""
@@ -484,6 +492,7 @@ class Engine:
         engine = self._counters.to_dict()
         engine.update(
             objects=len(self._index),
+            unflushed=len(self._volatile),
             pinned=len(self._pins),
             write_policy=self.config.engine.write_policy.value,
         )
