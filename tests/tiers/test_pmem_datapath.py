@@ -32,14 +32,16 @@ def meta_of(size: int) -> ObjectMeta:
     return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
 
 
-async def test_chunked_checksum_matches_one_shot(tmp_path: Path) -> None:
-    """The checksum written chunk by chunk is the one-shot xxh3 the recovery walk verifies."""
+@pytest.mark.parametrize("size", [LARGE_COPY, CHUNK, LARGE], ids=["one-chunk", "chunk", "chunks"])
+async def test_chunked_checksum_matches_one_shot(tmp_path: Path, size: int) -> None:
+    """The checksum written by the copy thread, in one call or chunk by chunk, is the one-shot
+    xxh3 the recovery walk verifies."""
     path = tmp_path / "tier.pool"
-    data = os.urandom(LARGE)
+    data = os.urandom(size)
     tier = make(path)
     await tier.open()
     try:
-        await tier.put(b"\x02big", meta_of(LARGE), data)
+        await tier.put(b"\x02big", meta_of(size), data)
     finally:
         await tier.close()
     tier = make(path)

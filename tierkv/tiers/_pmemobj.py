@@ -10,8 +10,12 @@ in the thread that made the call (PMDK keeps it thread-local), and whose ``__cau
 another process holds). Callers branch on that errno, never on message text.
 
 Concurrency: ctypes releases the GIL for the duration of every C call, so copies and allocations
-made from a worker thread do not stall the event loop. PMDK itself is thread-safe for alloc/free on
-one pool. A `Pool` must not be closed while another thread still uses it; its owner guarantees that.
+made from a worker thread do not stall the event loop. The exceptions are the calls that only
+compute an address or read a header word (``pmemobj_direct``, ``pmemobj_alloc_usable_size``,
+``pmemobj_type_num``) and ``pmem_drain`` (a store fence): they take nanoseconds and are bound
+through `ctypes.PyDLL`, so they keep the GIL; releasing it around them can make the copy thread
+wait for the busy loop thread to hand it back. PMDK itself is thread-safe for alloc/free on one
+pool. A `Pool` must not be closed while another thread still uses it; its owner guarantees that.
 
 Memory: addresses returned by `Pool.direct` point into the pool mapping and are valid only until
 `Pool.close`; nothing here hands out Python objects that alias the mapping.
@@ -93,11 +97,19 @@ Constructor = Callable[[int], None]
 
 
 class _Lib:
-    """The two loaded libraries with argument and result types declared."""
+    """The two loaded libraries with argument and result types declared.
+
+    `obj` and `pmem` release the GIL around each call; `held_obj` and `held_pmem` are the same
+    libraries bound through `ctypes.PyDLL`, for the few nanosecond calls that keep it.
+    """
 
     def __init__(self, obj: ctypes.CDLL, pmem: ctypes.CDLL) -> None:
         self.obj = obj
         self.pmem = pmem
+        held_obj = ctypes.PyDLL(LIBPMEMOBJ)
+        held_pmem = ctypes.PyDLL(LIBPMEM)
+        self.held_obj = held_obj
+        self.held_pmem = held_pmem
         c = ctypes
         sigs: list[tuple[ctypes.CDLL, str, object, list[object]]] = [
             (obj, "pmemobj_create", c.c_void_p, [c.c_char_p, c.c_char_p, c.c_size_t, c.c_uint]),
@@ -126,6 +138,10 @@ class _Lib:
             (pmem, "pmem_is_pmem", c.c_int, [c.c_void_p, c.c_size_t]),
             (pmem, "pmem_memcpy", c.c_void_p, [c.c_void_p, c.c_void_p, c.c_size_t, c.c_uint]),
             (pmem, "pmem_drain", None, []),
+            (held_obj, "pmemobj_direct", c.c_void_p, [PMEMoid]),
+            (held_obj, "pmemobj_type_num", c.c_uint64, [PMEMoid]),
+            (held_obj, "pmemobj_alloc_usable_size", c.c_size_t, [PMEMoid]),
+            (held_pmem, "pmem_drain", None, []),
         ]
         for lib, name, restype, argtypes in sigs:
             try:
@@ -301,7 +317,7 @@ class Pool:
     def direct(self, oid: Oid) -> int:
         """The object's address in this process's mapping (valid until `close`)."""
         self.handle  # noqa: B018
-        address = self._lib.obj.pmemobj_direct(oid.as_c())
+        address = self._lib.held_obj.pmemobj_direct(oid.as_c())
         if not address:
             raise DeviceError(f"pmemobj_direct: {oid} is not an object of an open pool")
         return int(address)
@@ -319,12 +335,12 @@ class Pool:
 
     def type_num(self, oid: Oid) -> int:
         self.handle  # noqa: B018
-        return int(self._lib.obj.pmemobj_type_num(oid.as_c()))
+        return int(self._lib.held_obj.pmemobj_type_num(oid.as_c()))
 
     def usable_size(self, oid: Oid) -> int:
         """Bytes the allocation really holds (its size class), ≥ the size asked for."""
         self.handle  # noqa: B018
-        return int(self._lib.obj.pmemobj_alloc_usable_size(oid.as_c()))
+        return int(self._lib.held_obj.pmemobj_alloc_usable_size(oid.as_c()))
 
     # -- persistence ---------------------------------------------------------------------------
     def persist(self, address: int, size: int) -> None:
@@ -350,7 +366,7 @@ class Pool:
     def drain(self) -> None:
         """``pmem_drain``: a store fence; streaming stores made so far are ordered before later
         stores (and, on real pmem, durable)."""
-        self._lib.pmem.pmem_drain()
+        self._lib.held_pmem.pmem_drain()
 
 
 def set_prefault(*, at_create: bool, at_open: bool) -> None:

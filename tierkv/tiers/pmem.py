@@ -77,8 +77,10 @@ LARGE_COPY = 64 << 10
 #: were no faster than one with 8 requests in flight, and gets were slower (three threads
 #: contending for the GIL and two cores; docs/benchmarks-pmem.md)
 COPY_THREADS = 1
-#: copy-and-hash granule: small enough that the chunk just copied is still in L2 when hashed
-CHUNK = 256 << 10
+#: copy-and-hash granule: the chunk just copied is still in L2 (1 MiB per core on the test VM)
+#: when hashed. 256 KiB chunks were ~8 % slower for 4 MiB objects (more Python per chunk) and
+#: whole-object calls no faster than 1 MiB ones (docs/benchmarks-pmem.md)
+CHUNK = 1 << 20
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
 HEADER_ALLOWANCE = 256
 _MAX_CHECKSUM = 2**64 - 1
@@ -169,43 +171,60 @@ def _pool_view(address: int, size: int) -> memoryview:
 def _copy_in(pool: pmemobj.Pool, dest: int, view: memoryview) -> int:
     """Copy `nbytes` into the pool; the xxh3 of the bytes copied.
 
-    Chunk by chunk, the source is hashed and then streamed into the pool from the cache the hash
-    just filled, so the source is read from memory once and no destination line is read at all
-    (streaming stores). The caller persists the record. A caller that changes its buffer during
-    the put (against the contract) gets a checksum miss on get, never wrong bytes.
+    Chunk by chunk (one chunk for objects up to `CHUNK`), the source is hashed and then streamed
+    into the pool from the cache the hash just filled, so the source is read from memory once and
+    no destination line is read at all (streaming stores). Each hash and copy is one C call that
+    releases the GIL. The caller persists the record. A caller that changes its buffer during the
+    put (against the contract) gets a checksum miss on get, never wrong bytes.
     """
-    digest = xxhash.xxh3_64()
     nbytes = view.nbytes
-    if nbytes:
-        source = _address_of(view)
+    if not nbytes:
+        return xxhash.xxh3_64_intdigest(b"")
+    source = _address_of(view)
+    if nbytes <= CHUNK:
+        payload_sum = xxhash.xxh3_64_intdigest(view)
+        pool.stream(dest, source, nbytes)
+    else:
+        digest = xxhash.xxh3_64()
         for start in range(0, nbytes, CHUNK):
             length = min(CHUNK, nbytes - start)
             digest.update(view[start : start + length])
             pool.stream(dest + start, source + start, length)
-        pool.drain()
-    return digest.intdigest()
+        payload_sum = digest.intdigest()
+    pool.drain()
+    return payload_sum
 
 
 def _copy_out(obj: _Object) -> memoryview | None:
     """A caller-owned copy of the payload (uninitialised buffer, filled and hashed chunk by
-    chunk); ``None`` when it fails its checksum."""
+    chunk, one chunk for objects up to `CHUNK`); ``None`` when it fails its checksum."""
     nbytes = obj.meta.nbytes
     out = np.empty(nbytes, dtype=np.uint8)
     view = out.data
-    digest = xxhash.xxh3_64()
     source = obj.address + obj.payload_offset
     target = int(out.ctypes.data)
-    for start in range(0, nbytes, CHUNK):
-        length = min(CHUNK, nbytes - start)
-        ctypes.memmove(target + start, source + start, length)
-        digest.update(view[start : start + length])
-    return view if digest.intdigest() == obj.payload_checksum else None
+    if nbytes <= CHUNK:
+        ctypes.memmove(target, source, nbytes)
+        payload_sum = xxhash.xxh3_64_intdigest(view)
+    else:
+        digest = xxhash.xxh3_64()
+        for start in range(0, nbytes, CHUNK):
+            length = min(CHUNK, nbytes - start)
+            ctypes.memmove(target + start, source + start, length)
+            digest.update(view[start : start + length])
+        payload_sum = digest.intdigest()
+    return view if payload_sum == obj.payload_checksum else None
+
+
+#: what runs on the loop when a job ends: (result, error, abandoned: its caller was cancelled)
+Finish = Callable[[Any, BaseException | None, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
 class _Job(Generic[T]):
     work: Callable[[], T]
     future: asyncio.Future[T]
+    finish: Finish | None
 
 
 class _CopyThreads:
@@ -214,27 +233,30 @@ class _CopyThreads:
     Jobs go in through one `queue.SimpleQueue`; a thread that finds more jobs queued takes the
     next without sleeping. Results come back through `loop.call_soon_threadsafe`, but at most one
     such wake-up is pending at a time: results that finish meanwhile ride along with it.
-    A job's future is never cancelled from here; callers `asyncio.shield` it so that a cancelled
-    caller still gets its bookkeeping done when the copy ends. `close` waits for every job.
+    A job's `finish` runs on the loop when the job ends, before its future is resolved and
+    whether or not the caller still waits (a cancelled caller cancels only its future): that is
+    where the tier does its bookkeeping. `close` waits for every job submitted.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int, name: str) -> None:
         self._loop = loop
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
-        self._results: deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = deque()
+        self._results: deque[tuple[_Job[Any], Any, BaseException | None]] = deque()
         self._lock = threading.Lock()
         self._posted = False
-        self._pending: set[asyncio.Future[Any]] = set()
+        self._in_flight = 0
+        self._drained = asyncio.Event()
+        self._drained.set()
         self._threads = [threading.Thread(target=self._serve, name=f"{name}-{i}", daemon=True)
                          for i in range(count)]
         for thread in self._threads:
             thread.start()
 
-    def submit(self, work: Callable[[], T]) -> asyncio.Future[T]:
+    def submit(self, work: Callable[[], T], finish: Finish | None = None) -> asyncio.Future[T]:
         future: asyncio.Future[T] = self._loop.create_future()
-        self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
-        self._jobs.put(_Job(work, future))
+        self._in_flight += 1
+        self._drained.clear()
+        self._jobs.put(_Job(work, future, finish))
         return future
 
     def _serve(self) -> None:
@@ -243,7 +265,7 @@ class _CopyThreads:
                 result, error = job.work(), None
             except BaseException as exc:  # handed to the awaiting coroutine
                 result, error = None, exc
-            self._results.append((job.future, result, error))
+            self._results.append((job, result, error))
             with self._lock:
                 post, self._posted = not self._posted, True
             if post:
@@ -253,17 +275,25 @@ class _CopyThreads:
         with self._lock:
             self._posted = False
         while self._results:
-            future, result, error = self._results.popleft()
+            job, result, error = self._results.popleft()
+            self._in_flight -= 1
+            future = job.future
+            try:
+                if job.finish is not None:
+                    job.finish(result, error, future.cancelled())
+            except BaseException as exc:  # a bookkeeping failure goes to the caller
+                error = exc
             if future.cancelled():
                 continue
             if error is not None:
                 future.set_exception(error)
             else:
                 future.set_result(result)
+        if not self._in_flight:
+            self._drained.set()
 
     async def close(self) -> None:
-        while self._pending:
-            await asyncio.wait(set(self._pending))
+        await self._drained.wait()
         for _ in self._threads:
             self._jobs.put(None)
         for thread in self._threads:
@@ -530,17 +560,13 @@ class PmemTier(Tier):
             self._used += obj.footprint - reserved
             self._install(key, obj)
             return ()
-        abandoned = False
-
-        def finish(job: asyncio.Future[_Object]) -> None:
+        def finish(obj: _Object | None, error: BaseException | None, abandoned: bool) -> None:
             # on the loop, once the worker is done, whether or not the caller still waits
             self._end()
-            error = job.exception() if not job.cancelled() else asyncio.CancelledError()
-            if error is not None:
+            if obj is None:
                 self._used -= reserved
                 self._count_failure(error)
                 return
-            obj = job.result()
             self._used += obj.footprint - reserved
             if abandoned:  # a cancelled put leaves nothing behind
                 self._release(obj)
@@ -548,17 +574,11 @@ class PmemTier(Tier):
                 self._install(key, obj)
 
         self._begin()
-        job = self._copier().submit(
-            functools.partial(self._write, sequence, key, meta, view, len(widest)))
-        job.add_done_callback(finish)
-        try:
-            await asyncio.shield(job)
-        except asyncio.CancelledError:
-            abandoned = True
-            raise
+        await self._copier().submit(
+            functools.partial(self._write, sequence, key, meta, view, len(widest)), finish)
         return ()
 
-    def _count_failure(self, error: BaseException) -> None:
+    def _count_failure(self, error: BaseException | None) -> None:
         if isinstance(error, TierFullError):
             self._counters["pool_full"] += 1
 
@@ -583,7 +603,7 @@ class PmemTier(Tier):
                 ctypes.memmove(address + len(record), address + offset, nbytes)
             ctypes.memmove(address, record, len(record))
             pool.persist(address, len(record) + nbytes)
-            written.extend((payload_sum, len(record)))
+            written.extend((payload_sum, len(record), address))
 
         size = offset + nbytes
         cls = layout.size_class(size)
@@ -595,8 +615,8 @@ class PmemTier(Tier):
                 raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
                                     f"{size} bytes") from exc
             raise
-        payload_sum, payload_offset = written
-        return _Object(oid, pool.direct(oid), meta, payload_offset, payload_sum,
+        payload_sum, payload_offset, address = written
+        return _Object(oid, address, meta, payload_offset, payload_sum,
                        pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
 
     def _install(self, key: bytes, obj: _Object) -> None:
@@ -639,7 +659,7 @@ class PmemTier(Tier):
         obj.readers += 1
         self._begin()
 
-        def finish(_job: object = None) -> None:
+        def finish(_data: object = None, _error: object = None, _abandoned: bool = False) -> None:
             # the allocation stays ours until the copy is done, even if the caller went away
             obj.readers -= 1
             if obj.doomed and not obj.readers:
@@ -653,9 +673,7 @@ class PmemTier(Tier):
             finally:
                 finish()
         else:
-            job = self._copier().submit(functools.partial(_copy_out, obj))
-            job.add_done_callback(finish)
-            data = await asyncio.shield(job)
+            data = await self._copier().submit(functools.partial(_copy_out, obj), finish)
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
