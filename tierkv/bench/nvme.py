@@ -1,8 +1,10 @@
 """`tierkv bench --device nvme`: the NVMe tier beside fio and beside one-file-per-object aiofiles.
 
 For each object size, in one invocation and on one file: fio (``--ioengine=io_uring --direct=1``,
-same block size and queue depth) measures the device, then the tier is formatted on that same
-file and driven through the `NvmeTier` API by `QUEUE_DEPTH` asyncio tasks, then a directory of
+same block size and queue depth) measures the device (the sequential 1 MiB write like the
+tier's fill: the same bytes once, ending with an fsync, just before it), then the tier is
+formatted on that same file and driven through the `NvmeTier` API by `QUEUE_DEPTH` asyncio
+tasks, then a directory of
 one file per object is written and read back with aiofiles (buffered IO, page cache dropped per
 file with ``POSIX_FADV_DONTNEED`` after a sync, so its reads are cold). Index memory per entry is
 measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s
@@ -13,7 +15,8 @@ index has no per-entry Python objects, so the two agree; tracemalloc alone takes
 `run_nvme_bench` returns JSON-able data: ``rows`` (`Row.to_json()` dicts), ``config`` (sizes,
 durations, paths) and ``fio`` (raw fio figures). `nvme_rows(result)` turns ``rows`` back into
 `Row` objects. Every bench file is deleted afterwards. Run the full bench with
-``python -m tierkv.bench.nvme DIRECTORY`` (``--quick`` for the short one).
+``python -m tierkv.bench.nvme DIRECTORY`` (``--quick`` for the short one); add
+``--seq-pairs N`` to run only `seq_write_pairs` (N fio/tier sequential-fill pairs).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -60,10 +64,23 @@ _FULL = _Plan(file_size=3 * GiB // 2, region_size=64 * MiB, fio_seconds=8, files
 
 # -- fio -----------------------------------------------------------------------------------------
 def _fio(path: Path, rw: str, bs: int, size: int, seconds: int) -> dict[str, float]:
+    """fio for `seconds` over the first `size` bytes of `path` (no fsync)."""
+    return _fio_job(path, rw, bs, [f"--size={size}", f"--runtime={seconds}", "--time_based"])
+
+
+def _fio_fill(path: Path, nbytes: int) -> dict[str, float]:
+    """fio writing `nbytes` once, sequentially in 1 MiB blocks, then fsync, like a tier fill.
+
+    ``--end_fsync=1`` is counted in fio's runtime (as the tier's closing `flush()` is in its).
+    """
+    return _fio_job(path, "write", MiB, [f"--size={nbytes}", "--end_fsync=1"])
+
+
+def _fio_job(path: Path, rw: str, bs: int, extra: list[str]) -> dict[str, float]:
     cmd = [
         "fio", "--name=tierkv", f"--filename={path}", "--ioengine=io_uring", "--direct=1",
-        f"--rw={rw}", f"--bs={bs}", f"--iodepth={QUEUE_DEPTH}", f"--size={size}",
-        f"--runtime={seconds}", "--time_based", "--group_reporting", "--output-format=json",
+        f"--rw={rw}", f"--bs={bs}", f"--iodepth={QUEUE_DEPTH}", *extra, "--group_reporting",
+        "--output-format=json",
     ]
     out = subprocess.run(cmd, capture_output=True, check=True, text=True).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
@@ -96,14 +113,25 @@ async def _drive(count: int, op: Callable[[int], Awaitable[None]], order: Sequen
     return time.perf_counter() - start
 
 
+def _tier_config(path: Path, plan: _Plan) -> NvmeTierConfig:
+    return NvmeTierConfig(name="bench", capacity=plan.file_size, path=path,
+                          region_size=plan.region_size, queue_depth=QUEUE_DEPTH,
+                          backend=NvmeBackend.AUTO, reinsert_hits=0, format=True)
+
+
+def _fill_count(path: Path, size: int, plan: _Plan) -> int:
+    """How many objects of `size` bytes a tier run puts: 85 % of the capacity."""
+    from tierkv.tiers.nvme import NvmeTier
+
+    tier = NvmeTier(_tier_config(path, plan))  # never opened: geometry only
+    return int(tier.capacity * 0.85) // tier.footprint(size)
+
+
 async def _tier_run(path: Path, size: int, plan: _Plan, *, random_order: bool,
                     reads: bool) -> dict[str, float]:
     from tierkv.tiers.nvme import NvmeTier
 
-    config = NvmeTierConfig(name="bench", capacity=plan.file_size, path=path,
-                            region_size=plan.region_size, queue_depth=QUEUE_DEPTH,
-                            backend=NvmeBackend.AUTO, reinsert_hits=0, format=True)
-    tier = NvmeTier(config)
+    tier = NvmeTier(_tier_config(path, plan))
     await tier.open()
     try:
         count = int(tier.capacity * 0.85) // tier.footprint(size)
@@ -218,10 +246,14 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
 
     try:
         loop = asyncio.get_running_loop()
-        for rw in ("write", "randwrite", "read", "randread"):
+        for rw in ("randwrite", "read", "randread"):
             fio[f"{rw} 1MiB"] = await loop.run_in_executor(
                 None, _fio, path, rw, MiB, plan.file_size, plan.fio_seconds)
             step(f"fio {rw} 1MiB")
+        # like for like with the tier's fill just after it: same bytes, ends with an fsync
+        fio["write 1MiB"] = await loop.run_in_executor(
+            None, _fio_fill, path, _fill_count(path, MiB, plan) * MiB)
+        step("fio write 1MiB")
         seq = await _tier_run(path, MiB, plan, random_order=False, reads=True)
         step("tier sequential 1MiB")
         rnd = await _tier_run(path, MiB, plan, random_order=True, reads=True)
@@ -282,6 +314,39 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
     }
 
 
+async def seq_write_pairs(directory: Path, pairs: int, *, quick: bool = False
+                          ) -> dict[str, Any]:
+    """`pairs` back-to-back sequential 1 MiB fills: fio (`_fio_fill`) and the tier, same bytes.
+
+    The file is written once whole by fio first (not counted), so every fill overwrites
+    allocated blocks; the order inside a pair alternates so drift favours neither. Returns the
+    MB/s of each, the per-pair ratios, their median and range.
+    """
+    plan = _QUICK if quick else _FULL
+    os.makedirs(directory, exist_ok=True)
+    path = directory / "tierkv-bench.nvme"
+    loop = asyncio.get_running_loop()
+    nbytes = _fill_count(path, MiB, plan) * MiB
+    fio_mbs: list[float] = []
+    tier_mbs: list[float] = []
+    try:
+        await loop.run_in_executor(None, _fio_fill, path, plan.file_size)
+        for n in range(pairs):
+            for first in ((True, False) if n % 2 == 0 else (False, True)):
+                if first:
+                    result = await loop.run_in_executor(None, _fio_fill, path, nbytes)
+                    fio_mbs.append(result["bytes_per_s"] / 1e6)
+                else:
+                    tier = await _tier_run(path, MiB, plan, random_order=False, reads=False)
+                    tier_mbs.append(tier["write_bytes_per_s"] / 1e6)
+    finally:
+        path.unlink(missing_ok=True)
+    ratios = [t / f for t, f in zip(tier_mbs, fio_mbs, strict=True)]
+    return {"tier_mb_s": tier_mbs, "fio_mb_s": fio_mbs, "ratios": ratios,
+            "median_ratio": statistics.median(ratios), "min_ratio": min(ratios),
+            "max_ratio": max(ratios), "bytes": nbytes}
+
+
 def nvme_rows(result: dict[str, Any]) -> list[Row]:
     """The `Row` objects of a `run_nvme_bench` result."""
     names = [f.name for f in dataclasses.fields(Row)]
@@ -310,7 +375,20 @@ def render_nvme_report(result: dict[str, Any]) -> list[str]:
 def _main(argv: Sequence[str]) -> None:
     quick = "--quick" in argv
     args = [a for a in argv if a != "--quick"]
+    pairs = 0
+    if "--seq-pairs" in args:
+        at = args.index("--seq-pairs")
+        pairs = int(args[at + 1])
+        del args[at : at + 2]
     directory = Path(args[0]) if args else Path.cwd()
+    if pairs:
+        data = asyncio.run(seq_write_pairs(directory, pairs, quick=quick))
+        for n, (t, f, r) in enumerate(zip(data["tier_mb_s"], data["fio_mb_s"], data["ratios"],
+                                          strict=True)):
+            print(f"pair {n + 1}: tier {t:7.0f} MB/s  fio {f:7.0f} MB/s  ratio {r:.2f}")
+        print(f"median ratio {data['median_ratio']:.2f} (range {data['min_ratio']:.2f}-"
+              f"{data['max_ratio']:.2f}) over {pairs} pairs of {data['bytes'] // MiB} MiB fills")
+        return
     result = asyncio.run(run_nvme_bench(directory, quick=quick))
     for line in render_nvme_report(result):
         print(line)

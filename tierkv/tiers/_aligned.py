@@ -2,31 +2,51 @@
 
 Each buffer is an anonymous `mmap` (page-aligned, so aligned for any logical block size up to the
 page size). The pool keeps released buffers in free lists by size class and hands them out again;
-only a miss maps new memory. A buffer is owned by whoever acquired it until `release`; the IO
-backends need its `address` to stay valid while the kernel uses it, which holding the
-`AlignedBuffer` object guarantees.
+only a miss maps new memory, and memory stays mapped and touched while the pool keeps it.
+
+Buffers of `HUGE_MIN` bytes or more are advised for transparent huge pages and can be *prefaulted*
+(``MADV_POPULATE_WRITE``): measured on the bench VM, copying 1 MiB into fresh anonymous memory took
+400-800 us (256 page faults) against ~50 us into touched memory, and an O_DIRECT 1 MiB write
+from 4 KiB pages spent ~40 us in submission pinning 256 pages against ~9 us from huge pages.
+
+A buffer is owned by whoever acquired it until `release`; the IO backends need its `address` to
+stay valid while the kernel uses it, which holding the `AlignedBuffer` object guarantees.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import mmap
 
+log = logging.getLogger(__name__)
+
 PAGE = mmap.PAGESIZE
+#: buffers at least this large are advised for transparent huge pages (one huge page on x86-64)
+HUGE_MIN = 2 << 20
 _SMALL_LIMIT = 64 << 10
 _LARGE_STEP = 64 << 10
+_MADV_POPULATE_WRITE = 23  # Linux 5.14; not in Python 3.11's mmap module
 
 
 class AlignedBuffer:
-    """One page-aligned, zero-initialised block of anonymous memory of `size` bytes."""
+    """One page-aligned, zero-initialised block of anonymous memory of `size` bytes.
+
+    ``prefault``: fault every page in now (one madvise call) rather than on first touch, for
+    buffers about to be filled on a latency-sensitive path.
+    """
 
     __slots__ = ("_map", "address", "size", "view")
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, *, prefault: bool = False) -> None:
         if size <= 0 or size % PAGE:
             raise ValueError(f"aligned buffer size must be a positive multiple of {PAGE}")
         self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if size >= HUGE_MIN:
+            _advise(self._map, mmap.MADV_HUGEPAGE)
+            if prefault:
+                _advise(self._map, _MADV_POPULATE_WRITE)
         anchor = ctypes.c_char.from_buffer(self._map)
         self.address = ctypes.addressof(anchor)
         del anchor  # the export must not outlive this line, or the map could never be closed
@@ -39,6 +59,14 @@ class AlignedBuffer:
         # A view someone still holds keeps the mapping until that view is collected.
         with contextlib.suppress(BufferError):
             self._map.close()
+
+
+def _advise(mapping: mmap.mmap, advice: int) -> None:
+    """A performance hint only: kernels without it (EINVAL) or THP disabled just fault lazily."""
+    try:
+        mapping.madvise(advice)
+    except OSError as exc:
+        log.debug("madvise(%d) refused: %s", advice, exc)
 
 
 def size_class(nbytes: int) -> int:
@@ -67,7 +95,8 @@ class AlignedPool:
         self.mapped = 0
         self.misses = 0
 
-    def acquire(self, nbytes: int) -> AlignedBuffer:
+    def acquire(self, nbytes: int, *, prefault: bool = False) -> AlignedBuffer:
+        """A buffer of at least `nbytes`; ``prefault`` faults a newly mapped one in at once."""
         size = size_class(nbytes)
         free = self._free.get(size)
         if free:
@@ -76,7 +105,7 @@ class AlignedPool:
             return buf
         self.misses += 1
         self.mapped += size
-        return AlignedBuffer(size)
+        return AlignedBuffer(size, prefault=prefault)
 
     def release(self, buf: AlignedBuffer) -> None:
         free = self._free.setdefault(buf.size, [])

@@ -5,7 +5,8 @@ Offsets, lengths and buffer addresses handed to a backend are multiples of the t
 the whole range was transferred: short transfers are continued, a transfer that cannot progress
 (end of device) or a negative result becomes `DeviceError` carrying the errno. The buffer must
 stay alive until the call returns, which the caller's reference guarantees. At most
-`queue_depth` operations are in flight per backend; further calls wait for a free slot.
+`queue_depth` operations are in flight per backend (plus any ``urgent`` writes); further calls wait
+for a free slot.
 """
 
 from __future__ import annotations
@@ -27,8 +28,13 @@ class BlockIO(Protocol):
         """Read `length` bytes at device `offset` into the start of `buf`."""
         ...
 
-    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0) -> None:
-        """Write `length` bytes from `buf[start:]` to device `offset`."""
+    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0, *,
+                    urgent: bool = False) -> None:
+        """Write `length` bytes from `buf[start:]` to device `offset`.
+
+        ``urgent``: start at once, even beyond `queue_depth`, instead of waiting behind queued
+        operations (for a small write everything else waits on).
+        """
         ...
 
     async def sync(self) -> None:

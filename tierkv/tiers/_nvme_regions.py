@@ -30,6 +30,7 @@ class Region:
     readers: int = 0  # device reads in flight; a region with readers is never reclaimed
     last_access: int = 0
     buffer: AlignedBuffer | None = None
+    header_written: bool = False  # this use's region header is on media (its old records stale)
     # Older regions holding records that a record here supersedes (an overwrite or a tombstone).
     # This region is reclaimed only once they are gone, or a scan after a crash would find the
     # older record with nothing newer and bring it back.

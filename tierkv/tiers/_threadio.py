@@ -61,10 +61,15 @@ class ThreadIO:
         async with self._slots:
             await asyncio.get_running_loop().run_in_executor(self._pool, self._read, view, offset)
 
-    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0) -> None:
+    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0, *,
+                    urgent: bool = False) -> None:
         view = buf.view[start : start + length]
+        loop = asyncio.get_running_loop()
+        if urgent:  # still behind what the workers already hold, but not behind the semaphore
+            await loop.run_in_executor(self._pool, self._write, view, offset)
+            return
         async with self._slots:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._write, view, offset)
+            await loop.run_in_executor(self._pool, self._write, view, offset)
 
     async def sync(self) -> None:
         await fdatasync(self._fd, self._path)

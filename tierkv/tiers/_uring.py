@@ -101,21 +101,30 @@ class UringIO:
     async def _transfer(
         self, op: _Op, buf: AlignedBuffer, start: int, offset: int, length: int
     ) -> None:
-        done = 0
         async with self._slots:
-            while done < length:
-                result = await self._one(op, buf, start + done, offset + done, length - done)
-                if result < 0:
-                    raise device_error(op.value, self._path, -result, offset + done)
-                if result == 0:
-                    raise end_of_device(op.value, self._path, offset + done)
-                done += result
+            await self._transfer_now(op, buf, start, offset, length)
+
+    async def _transfer_now(
+        self, op: _Op, buf: AlignedBuffer, start: int, offset: int, length: int
+    ) -> None:
+        done = 0
+        while done < length:
+            result = await self._one(op, buf, start + done, offset + done, length - done)
+            if result < 0:
+                raise device_error(op.value, self._path, -result, offset + done)
+            if result == 0:
+                raise end_of_device(op.value, self._path, offset + done)
+            done += result
 
     async def read(self, buf: AlignedBuffer, offset: int, length: int) -> None:
         await self._transfer(_Op.READ, buf, 0, offset, length)
 
-    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0) -> None:
-        await self._transfer(_Op.WRITE, buf, start, offset, length)
+    async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0, *,
+                    urgent: bool = False) -> None:
+        if urgent:  # one SQE beyond queue_depth: the CQ ring (2x entries) still has room
+            await self._transfer_now(_Op.WRITE, buf, start, offset, length)
+        else:
+            await self._transfer(_Op.WRITE, buf, start, offset, length)
 
     async def sync(self) -> None:
         await fdatasync(self._fd, self._path)

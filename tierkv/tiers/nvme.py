@@ -4,8 +4,10 @@ Layout on media: `tierkv.formats.nvme_layout`. Puts append ``prefix | object hea
 key) | payload`` entries, each aligned to the device's block size and checksummed, into the
 in-memory *head* region buffer; a full head is sealed and written whole in the background (at
 most two regions in flight) while a fresh head takes new puts. Write-behind: whenever 1 MiB or
-more of the head is unwritten, a put starts writing it in the background, so large objects go to
-the device at once; `flush()` writes the head's unwritten part and waits for every write.
+more of the head is unwritten, a put starts writing it in the background in whole 1 MiB pieces
+aligned on the device (the tail waits for the next put), so large objects go to the device at
+once; `flush()` writes the head's unwritten part and waits for every write. Region buffers come
+prefaulted on transparent huge pages from the pool and are reused (see `_aligned`).
 Reads of entries still in a buffer are served from memory; other reads go to the device through
 the IO backend into a pooled aligned buffer and are copied out, so the caller owns what `get`
 returns. Deletes append a tombstone entry.
@@ -27,7 +29,9 @@ back a deleted, overwritten or dropped entry once the delete/overwrite was flush
 holding a record that supersedes one in an older region (an overwrite or a tombstone) is not
 reclaimed before that older region (`Region.shadows`; the oldest sealed region is always
 eligible, so LRU degrades towards FIFO only under heavy overwriting), and a region taken for
-reuse gets its new header written at once, which makes its old records stale for the scan.
+reuse gets its new header written first of its writes (in the background, not holding puts),
+which makes its old records stale for the scan; regions superseding those records become
+reclaimable only once that write has completed.
 When free regions cannot hold the checkpoint at close (or writing it fails), none is recorded
 and the next open scans.
 
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -483,7 +488,7 @@ class NvmeTier(Tier):
         view[start : at + size] = bytes(at + size - start)
         head.used = at + size
         if head.used - head.durable >= _WRITE_CHUNK:
-            self._write_behind(head)  # keep the device busy instead of waiting for a full region
+            self._write_behind(head, whole_chunks=True)  # keep the device busy meanwhile
         if flags & TOMBSTONE:
             # the region of the deleted entry may have been reclaimed by the rotation above
             if shadowed is not None and self._regions[shadowed[0].region].seq == shadowed[1]:
@@ -508,29 +513,25 @@ class NvmeTier(Tier):
             region, hot, dropped = await self._reclaim()
         else:
             region = free
-        _d, io, sb = self._dev_io()
+        _d, _io, sb = self._dev_io()
         region.state, region.seq = RegionState.HEAD, self._next_seq
         self._next_seq += 1
-        region.buffer = self._pool.acquire(self.config.region_size)
+        region.buffer = self._pool.acquire(self.config.region_size, prefault=True)
         region.buffer.view[: self._align] = encode_region_header(
             sb.uuid, region.seq, region.index
         ).ljust(self._align, b"\0")
-        region.used, region.durable, region.live = self._align, 0, 0
-        region.failed = None
-        # The new header (new seq) makes the region's old records stale on media at once, so a
-        # crash can never bring back what a reclaim dropped; only then may regions superseding
-        # those records be reclaimed in turn.
-        try:
-            await io.write(region.buffer, self._offset(region.index), self._align)
-        except DeviceError:
-            self._pool.release(region.buffer)
-            region.buffer, region.state = None, RegionState.FREE
-            self._lost.extend(dropped)
-            self._lost.extend(key for key, _m, _h, _p in hot)
-            raise
-        region.durable = self._align
-        self._counters["bytes_written"] += self._align
-        self._unshadow(region)
+        region.used, region.durable, region.live = self._align, self._align, 0
+        region.failed, region.header_written = None, False
+        # The new header (new seq) makes the region's old records stale on media, so a crash can
+        # never bring back what a reclaim dropped; only once it is written may regions
+        # superseding those records be reclaimed in turn. It is written in the background, first
+        # of the region's writes: awaiting it here held every put for the 10-40 ms the device
+        # took to serve it behind queue_depth 1 MiB writes, and left the device idle after.
+        waiting = [r for r in self._regions if region.index in r.shadows]
+        region.shadows.clear()  # empty already: a victim shadows nothing
+        task = asyncio.create_task(self._write_region_header(region, waiting))
+        region.writes.add(task)
+        task.add_done_callback(region.writes.discard)
         region.last_access = self._tick
         self._head = region
         for key, meta, header, payload in hot:
@@ -602,6 +603,19 @@ class NvmeTier(Tier):
         results = await asyncio.gather(*(one(k) for k in keys))
         return [r for r in results if r is not None]
 
+    async def _write_region_header(self, region: Region, waiting: list[Region]) -> None:
+        """Write `region`'s new header; then `waiting` no longer wait for its old records."""
+        try:
+            await self._write_buffer(region, 0, self._align, urgent=True)
+        except DeviceError as exc:
+            if region.failed is None:
+                region.failed = exc  # the old header stands: `waiting` keep waiting
+            return
+        region.header_written = True
+        for other in waiting:
+            other.shadows.discard(region.index)
+        self._changed.set()
+
     async def _write_sealed(self, region: Region) -> None:
         try:
             await self._drain_writes(region)
@@ -613,7 +627,8 @@ class NvmeTier(Tier):
                 self._forget(key)
             self._lost.extend(lost)
             region.state = RegionState.FREE
-            self._unshadow(region)
+            if region.header_written:  # else its old records may still be on media
+                self._unshadow(region)
         else:
             region.state = RegionState.SEALED
         finally:
@@ -623,20 +638,32 @@ class NvmeTier(Tier):
             self._seal_slots.release()
             self._changed.set()
 
-    async def _write_buffer(self, region: Region, start: int, end: int) -> None:
+    async def _write_buffer(self, region: Region, start: int, end: int, *,
+                            urgent: bool = False) -> None:
         _d, io, _sb = self._dev_io()
         assert region.buffer is not None
         buffer: AlignedBuffer = region.buffer
         base = self._offset(region.index)
-        await asyncio.gather(*(
-            io.write(buffer, base + at, min(_WRITE_CHUNK, end - at), at)
-            for at in range(start, end, _WRITE_CHUNK)
-        ))
+        # split at device offsets that are multiples of the chunk, as fio's 1 MiB blocks are
+        cuts = [start, *range((base + start) // _WRITE_CHUNK * _WRITE_CHUNK + _WRITE_CHUNK - base,
+                              end, _WRITE_CHUNK), end]
+        if len(cuts) == 2:
+            await io.write(buffer, base + start, end - start, start, urgent=urgent)
+        else:
+            await asyncio.gather(*(io.write(buffer, base + a, b - a, a)
+                                   for a, b in itertools.pairwise(cuts)))
         self._counters["bytes_written"] += end - start
 
-    def _write_behind(self, region: Region) -> None:
-        """Start writing the part of `region`'s buffer not yet issued, in the background."""
+    def _write_behind(self, region: Region, *, whole_chunks: bool = False) -> None:
+        """Start writing the part of `region`'s buffer not yet issued, in the background.
+
+        ``whole_chunks``: only up to the last chunk boundary (on the device), leaving the tail for
+        the next call, so a fill is written in full-size, chunk-aligned pieces.
+        """
         start, end = region.durable, region.used
+        if whole_chunks:
+            base = self._offset(region.index)
+            end = (base + end) // _WRITE_CHUNK * _WRITE_CHUNK - base
         if end <= start:
             return
         region.durable = end
