@@ -21,6 +21,7 @@ durations, paths) and ``fio`` (raw fio figures). `nvme_rows(result)` turns ``row
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import functools
@@ -373,14 +374,14 @@ def render_nvme_report(result: dict[str, Any]) -> list[str]:
 
 
 def _main(argv: Sequence[str]) -> None:
-    quick = "--quick" in argv
-    args = [a for a in argv if a != "--quick"]
-    pairs = 0
-    if "--seq-pairs" in args:
-        at = args.index("--seq-pairs")
-        pairs = int(args[at + 1])
-        del args[at : at + 2]
-    directory = Path(args[0]) if args else Path.cwd()
+    parser = argparse.ArgumentParser(prog="python -m tierkv.bench.nvme",
+                                     description="The NVMe tier beside fio on one file.")
+    parser.add_argument("directory", type=Path, help="where the bench file is made (and removed)")
+    parser.add_argument("--quick", action="store_true", help="a smaller, shorter run")
+    parser.add_argument("--seq-pairs", type=int, default=0, metavar="N",
+                        help="only run N fio/tier sequential-fill pairs")
+    options = parser.parse_args(argv)
+    quick, pairs, directory = options.quick, options.seq_pairs, options.directory
     if pairs:
         data = asyncio.run(seq_write_pairs(directory, pairs, quick=quick))
         for n, (t, f, r) in enumerate(zip(data["tier_mb_s"], data["fio_mb_s"], data["ratios"],
