@@ -1,0 +1,76 @@
+"""Moving payload bytes between host buffers and pool memory, hashing them on the way.
+
+Separate from the tier because these are the hot loops of put and get, tuned on their own
+(`CHUNK`; docs/benchmarks-pmem.md), and because they run on the loop (small objects) or on a
+copy thread (large ones): they touch only the memory they are given, never the tier's state.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import xxhash
+
+from tierkv.tiers import _pmemobj as pmemobj
+
+#: copy-and-hash granule: the chunk just copied is still in L2 (1 MiB per core on the test VM)
+#: when hashed. 256 KiB chunks were ~8 % slower for 4 MiB objects (more Python per chunk) and
+#: whole-object calls no faster than 1 MiB ones (docs/benchmarks-pmem.md)
+CHUNK = 1 << 20
+
+
+def address_of(view: memoryview) -> int:
+    """The address of a contiguous host buffer, read-only ones included."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+def pool_view(address: int, size: int) -> memoryview:
+    """A view of pool memory; the caller drops it before the object is freed or the pool closed."""
+    return memoryview((ctypes.c_ubyte * size).from_address(address)).cast("B")
+
+
+def copy_in(pool: pmemobj.Pool, dest: int, view: memoryview) -> int:
+    """Copy `nbytes` into the pool; the xxh3 of the bytes copied.
+
+    Chunk by chunk (one chunk for objects up to `CHUNK`), the source is hashed and then streamed
+    into the pool from the cache the hash just filled, so the source is read from memory once and
+    no destination line is read at all (streaming stores). Each hash and copy is one C call that
+    releases the GIL. The caller persists the record. A caller that changes its buffer during the
+    put (against the contract) gets a checksum miss on get, never wrong bytes.
+    """
+    nbytes = view.nbytes
+    if not nbytes:
+        return xxhash.xxh3_64_intdigest(b"")
+    source = address_of(view)
+    if nbytes <= CHUNK:
+        payload_sum = xxhash.xxh3_64_intdigest(view)
+        pool.stream(dest, source, nbytes)
+    else:
+        digest = xxhash.xxh3_64()
+        for start in range(0, nbytes, CHUNK):
+            length = min(CHUNK, nbytes - start)
+            digest.update(view[start : start + length])
+            pool.stream(dest + start, source + start, length)
+        payload_sum = digest.intdigest()
+    pool.drain()
+    return payload_sum
+
+
+def copy_out(source: int, nbytes: int, checksum: int) -> memoryview | None:
+    """A caller-owned copy of the `nbytes` at `source` (uninitialised buffer, filled and hashed
+    chunk by chunk, one chunk for objects up to `CHUNK`); ``None`` when it fails `checksum`."""
+    out = np.empty(nbytes, dtype=np.uint8)
+    view = out.data
+    target = int(out.ctypes.data)
+    if nbytes <= CHUNK:
+        ctypes.memmove(target, source, nbytes)
+        payload_sum = xxhash.xxh3_64_intdigest(view)
+    else:
+        digest = xxhash.xxh3_64()
+        for start in range(0, nbytes, CHUNK):
+            length = min(CHUNK, nbytes - start)
+            ctypes.memmove(target + start, source + start, length)
+            digest.update(view[start : start + length])
+        payload_sum = digest.intdigest()
+    return view if payload_sum == checksum else None

@@ -1,0 +1,181 @@
+"""Opening a pmem tier's libpmemobj pool (creating, recreating or refusing it) and recovering it.
+
+Separate from the tier because it is the open-time half of it: it runs once, on the copy thread,
+before the tier serves anything; it decides what the file at the configured path may become and
+walks the pool to find the live records (`PoolObject`) that the tier then indexes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tierkv.config import PmemTierConfig
+from tierkv.errors import CorruptObjectError, DeviceError
+from tierkv.formats import pmem_layout as layout
+from tierkv.formats.header import verify_payload
+from tierkv.formats.value import ObjectMeta
+from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers._pmem_copy import pool_view
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, eq=False)
+class PoolObject:
+    """One live record: where it is and what it holds; `readers` > 0 defers its free."""
+
+    oid: pmemobj.Oid
+    address: int
+    meta: ObjectMeta
+    payload_offset: int
+    payload_checksum: int
+    footprint: int
+    sequence: int
+    readers: int = 0
+    doomed: bool = False
+
+
+def open_pool(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
+    """The pool at `config.path`, open. An absent one is created for `capacity`; an unreadable
+    pool or a file that is not a tierkv pool is replaced only with ``format = true``, else
+    `DeviceError` (as for a pool another process holds). `name` is the tier's, for logs."""
+    path = config.path
+    # pay the pool's page faults at open, not in the middle of puts and gets
+    pmemobj.set_prefault(at_create=False, at_open=True)
+    found = layout.inspect_pool(path)
+    kind = found.kind
+    if kind is layout.PoolFile.ABSENT:
+        return _create_file(path, capacity)
+    if kind in (layout.PoolFile.TIERKV, layout.PoolFile.DEVICE):
+        try:
+            return pmemobj.open_pool(path, layout.LAYOUT_NAME)
+        except DeviceError as exc:
+            if pmemobj.failure_errno(exc) in pmemobj.IN_USE_ERRNOS:
+                raise DeviceError(f"{path}: pmem pool is in use by another process "
+                                  "(or already open)") from exc
+            if not config.format:
+                raise DeviceError(f"{path}: cannot open the pmem pool ({exc}); set "
+                                  "format = true to recreate it, losing its contents") from exc
+            log.warning("tier %s: recreating unreadable pool %s (%s)", name, path, exc)
+            return _recreate(path, kind, capacity)
+    what = f"{kind.value} {found.layout!r}" if found.layout else kind.value
+    if not config.format:
+        raise DeviceError(f"{path}: {what}, not a tierkv pool; refusing to overwrite "
+                          "it (set format = true to replace it)")
+    log.warning("tier %s: replacing %s at %s (format = true)", name, what, path)
+    return _recreate(path, kind, capacity)
+
+
+def _recreate(path: Path, kind: layout.PoolFile, capacity: int) -> pmemobj.Pool:
+    if kind is layout.PoolFile.DEVICE:
+        return pmemobj.create_pool(path, layout.LAYOUT_NAME, 0)
+    # PMDK holds an flock on an open pool: never unlink a file somebody still uses
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            raise DeviceError(f"{path}: in use by another process") from exc
+        return _create_file(path, capacity)
+
+
+def _create_file(path: Path, capacity: int) -> pmemobj.Pool:
+    # Built under a temporary name and renamed into place once whole, so that a crash
+    # during creation never leaves a half-made pool at the configured path (which a later
+    # open would refuse as "not a pool"). A leftover temporary is our own: remove it.
+    temporary = path.with_name(path.name + ".creating")
+    temporary.unlink(missing_ok=True)
+    pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME, layout.pool_size_for(capacity))
+    try:
+        check_root(pool, path)
+    finally:
+        pool.close()
+    os.replace(temporary, path)
+    return pmemobj.open_pool(path, layout.LAYOUT_NAME)
+
+
+def check_root(pool: pmemobj.Pool, path: Path) -> None:
+    """Check the pool's root record, writing it where it is still zeroed (a new pool);
+    `DeviceError` when it is another layout's or corrupt."""
+    address = pool.direct(pool.root(layout.ROOT_SIZE))
+    raw = ctypes.string_at(address, layout.ROOT_SIZE)
+    try:
+        valid = layout.check_root(raw)
+    except CorruptObjectError as exc:
+        raise DeviceError(f"{path}: {exc}") from exc
+    if not valid:
+        pool.memcpy_persist(address, layout.encode_root(), layout.ROOT_SIZE)
+
+
+def register_classes(pool: pmemobj.Pool) -> list[int]:
+    """The allocation flags of each of `layout.SIZE_CLASSES`, registered with `pool`."""
+    # one arena for every allocation: each arena holds a partly used run per class, and the
+    # pool is sized for one run per class (formats/pmem_layout.py)
+    arena = pmemobj.arena_flag(1) if pool.arena_count() >= 1 else 0
+    return [
+        pmemobj.class_flag(pool.register_class(cls.unit, cls.units_per_run)) | arena
+        for cls in layout.SIZE_CLASSES
+    ]
+
+
+def recover(pool: pmemobj.Pool, name: str, capacity: int,
+            counters: dict[str, int]) -> dict[bytes, PoolObject]:
+    """The newest whole record of each key in `pool`, within `capacity`.
+
+    Walks every object; frees the ones that fail their checks, the older record of a key and,
+    oldest first, whatever exceeds `capacity`, counting each kind in the tier's `counters` as
+    it goes (`*_freed_at_open`).
+    """
+    found: dict[bytes, PoolObject] = {}
+    oid = pool.first()
+    while oid is not None:
+        following = pool.next(oid)
+        record = _check_record(pool, oid, name)
+        if record is None:
+            counters["corrupt_freed_at_open"] += 1
+            pool.free(oid)
+        else:
+            key, obj = record
+            old = found.get(key)
+            if old is not None:
+                if (old.meta.generation, old.sequence) > (obj.meta.generation, obj.sequence):
+                    old, obj = obj, old
+                counters["superseded_freed_at_open"] += 1
+                pool.free(old.oid)
+            found[key] = obj
+        oid = following
+    total = sum(obj.footprint for obj in found.values())
+    for key, obj in sorted(found.items(), key=lambda item: item[1].sequence):
+        if total <= capacity:
+            break
+        pool.free(obj.oid)
+        total -= obj.footprint
+        del found[key]
+        counters["over_capacity_freed_at_open"] += 1
+    return found
+
+
+def _check_record(pool: pmemobj.Pool, oid: pmemobj.Oid,
+                  name: str) -> tuple[bytes, PoolObject] | None:
+    if pool.type_num(oid) != layout.OBJECT_TYPE_NUM:
+        log.warning("tier %s: freeing an object of unknown type %#x", name, pool.type_num(oid))
+        return None
+    usable = pool.usable_size(oid)
+    address = pool.direct(oid)
+    view = pool_view(address, usable)
+    try:
+        info = layout.decode_record(view)
+        header = info.header
+        verify_payload(header, view[info.payload_offset : info.record_size])
+    except CorruptObjectError as exc:
+        log.warning("tier %s: freeing a corrupt object at offset %#x: %s", name, oid.off, exc)
+        return None
+    finally:
+        view.release()
+    obj = PoolObject(oid, address, header.meta, info.payload_offset, header.payload_checksum,
+                     usable + layout.ALLOC_HEADER, info.sequence)
+    return header.key, obj
