@@ -110,8 +110,9 @@ class RegionLog(RegionWrites):
     async def _reclaim(self) -> tuple[Region, list[tuple[bytes, ObjectMeta, bytes, bytes]],
                                       list[bytes]]:
         """Free a victim region; returns it, the hot entries to reinsert and the dropped keys."""
-        if self.config.eviction is RegionEviction.LRU and self._sealing:
-            # a region still being written may be the least recently used one
+        if self._sealing:
+            # a region still being written may be the oldest (FIFO) or the least recently used
+            # one (LRU): wait for it rather than take a younger region out of turn
             await asyncio.gather(*self._sealing, return_exceptions=True)
         while True:
             # A region superseding records of an older one waits for it (see Region.shadows);
