@@ -1,22 +1,34 @@
 """`tierkv bench --device nvme`: the NVMe tier beside fio and beside one-file-per-object aiofiles.
 
-For each object size, in one invocation and on one file: fio (``--ioengine=io_uring --direct=1``,
-same block size and queue depth) measures the device (the sequential 1 MiB write like the
-tier's fill: the same bytes once, ending with an fsync, just before it), then the tier is
-formatted on that same file and driven through the `NvmeTier` API by `QUEUE_DEPTH` asyncio
-tasks, then a directory of
-one file per object is written and read back with aiofiles (buffered IO, page cache dropped per
-file with ``POSIX_FADV_DONTNEED`` after a sync, so its reads are cold). Index memory per entry is
-measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s
-canonical size): in full mode by tracemalloc over building it (every allocation the index makes,
-keys included), in both modes by `NvmeIndex.memory_bytes()` (getsizeof of its containers; the
-index has no per-entry Python objects, so the two agree; tracemalloc alone takes ~40 s).
+The virtio disk of the VM this was written on is backed by the host's cache, and the same fio job
+moves up to 2x from one run to the next, so every fio-relative case runs as K pairs (3 quick,
+5 full) and its row is the pair whose ratio is the median: `measured` and `baseline` are that
+pair's tier and fio figures (not the medians of each side, which could come from different
+runs), and the case text and the JSON carry K and the range of the ratios. All on one file:
+fio (``--ioengine=io_uring --direct=1``, same block size, ``--iodepth=32``) measures the device,
+the tier is formatted on that file and driven through the `NvmeTier` API by `QUEUE_DEPTH`
+asyncio tasks (fill to 85 %, then every object read once). A pair's round (`_round`) flanks one
+tier run with the fio jobs, each next to the tier phase it is set against: fio write, tier
+(write, read), fio read in even rounds, the mirror image in odd ones, so each case alternates
+which side goes first. The sequential 1 MiB write baseline writes the tier fill's bytes once
+with ``--end_fsync=1`` (as the tier's figure counts its closing `flush()`); the read and random
+write jobs are time-based over the whole file. The file is laid out whole by fio first (not
+counted), so every write overwrites allocated blocks.
 
-`run_nvme_bench` returns JSON-able data: ``rows`` (`Row.to_json()` dicts), ``config`` (sizes,
-durations, paths) and ``fio`` (raw fio figures). `nvme_rows(result)` turns ``rows`` back into
-`Row` objects. Every bench file is deleted afterwards. Run the full bench with
-``python -m tierkv.bench.nvme DIRECTORY`` (``--quick`` for the short one); add
-``--seq-pairs N`` to run only `seq_write_pairs` (N fio/tier sequential-fill pairs).
+Then, once, a directory of one file per object is written and read back with aiofiles (buffered
+IO, page cache dropped per file with ``POSIX_FADV_DONTNEED`` after a sync, so its reads are
+cold), set against the tier run of each size's median random-read pair. Index memory per entry
+is measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s canonical
+size): in full mode by tracemalloc over building it (every allocation the index makes, keys
+included), in both modes by `NvmeIndex.memory_bytes()` (getsizeof of its containers; the index
+has no per-entry Python objects, so the two agree; tracemalloc alone takes ~40 s).
+
+`run_nvme_bench` returns JSON-able data: ``rows`` (`Row.to_json()` dicts; paired rows add
+``pairs``, ``min_ratio`` and ``max_ratio``), ``pairs`` (per case: every pair's figures, ratio and
+order), ``config`` (sizes, durations, K, paths) and ``fio`` (raw fio figures per job, in run
+order). `nvme_rows(result)` turns ``rows`` back into `Row` objects. Every bench file is deleted
+afterwards. Run the full bench with ``python -m tierkv.bench.nvme DIRECTORY`` (``--quick`` for
+the short one); ``--seq-pairs N`` runs only `seq_write_pairs` (N sequential-fill pairs).
 """
 
 from __future__ import annotations
@@ -44,11 +56,15 @@ import aiofiles
 
 from tierkv.bench.common import Progress, Row, no_progress
 from tierkv.config import NvmeBackend, NvmeTierConfig
+from tierkv.errors import ConfigError
 from tierkv.formats.value import ObjectMeta, ValueKind
 
 QUEUE_DEPTH = 32
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 INDEX_ENTRIES = 1_000_000
+_FIO_NAME = "fio io_uring O_DIRECT"
+#: one fio job, run in an executor thread; its figures ("bytes_per_s", "iops")
+FioJob = Callable[[], dict[str, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +73,12 @@ class _Plan:
     region_size: int
     fio_seconds: int
     files_cap: int
+    pairs: int
 
 
-_QUICK = _Plan(file_size=256 * MiB, region_size=32 * MiB, fio_seconds=2, files_cap=2048)
-_FULL = _Plan(file_size=3 * GiB // 2, region_size=64 * MiB, fio_seconds=8, files_cap=16384)
+_QUICK = _Plan(file_size=256 * MiB, region_size=32 * MiB, fio_seconds=1, files_cap=2048, pairs=3)
+_FULL = _Plan(file_size=3 * GiB // 2, region_size=64 * MiB, fio_seconds=4, files_cap=16384,
+              pairs=5)
 
 
 # -- fio -----------------------------------------------------------------------------------------
@@ -227,17 +245,93 @@ def index_bytes_per_entry(entries: int = INDEX_ENTRIES, *, traced: bool = True) 
     return (after - before if traced else index.memory_bytes()) / entries
 
 
+# -- pairs ---------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    """One tier figure beside the fio figure measured next to it (`fio_first`: fio ran first)."""
+
+    tier: float
+    fio: float
+    fio_first: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.tier / self.fio
+
+
+def _median_pair(pairs: Sequence[_Pair]) -> int:
+    """Run-order index of the pair whose ratio is the median (the lower middle one if even)."""
+    ranked = sorted(range(len(pairs)), key=lambda n: pairs[n].ratio)
+    return ranked[(len(pairs) - 1) // 2]
+
+
+def _pair_row(case: str, unit: str, pairs: Sequence[_Pair], target: float | None
+              ) -> tuple[Row, dict[str, Any]]:
+    """The row of the median pair (its tier and fio figures), and the JSON of all the pairs."""
+    middle = pairs[_median_pair(pairs)]
+    ratios = [pair.ratio for pair in pairs]
+    low, high = min(ratios), max(ratios)
+    row = Row(f"{case} (median of {len(pairs)} pairs, {low:.2f}\u2013{high:.2f})", unit,
+              middle.tier, middle.fio, _FIO_NAME, target)
+    detail = {"case": case, "pairs": len(pairs), "median_pair": _median_pair(pairs),
+              "median_ratio": middle.ratio, "min_ratio": low, "max_ratio": high,
+              "ratios": ratios, "tier": [pair.tier for pair in pairs],
+              "fio": [pair.fio for pair in pairs],
+              "fio_first": [pair.fio_first for pair in pairs]}
+    return row, detail
+
+
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """One tier run (fill, then reads) with the fio jobs measured beside it."""
+
+    tier: dict[str, float]
+    fio_write: dict[str, float] | None
+    fio_read: dict[str, float]
+    #: whether fio ran before the tier's writes / before the tier's reads
+    write_fio_first: bool
+    read_fio_first: bool
+
+
+async def _round(n: int, tier: Callable[[], Awaitable[dict[str, float]]],
+                 fio_read: FioJob, fio_write: FioJob | None = None) -> _Round:
+    """Round `n`: the fio jobs flank the tier run, each next to the tier phase it is set against.
+
+    Even rounds run fio write, tier (write, read), fio read: fio first for writes, the tier first
+    for reads. Odd rounds run the mirror image, so over the rounds each case alternates which
+    side goes first and drift in the host's cache favours neither.
+    """
+    loop = asyncio.get_running_loop()
+    first, last = (fio_write, fio_read) if n % 2 == 0 else (fio_read, fio_write)
+    before = await loop.run_in_executor(None, first) if first is not None else None
+    tier_result = await tier()
+    after = await loop.run_in_executor(None, last) if last is not None else None
+    write, read = (before, after) if n % 2 == 0 else (after, before)
+    assert read is not None
+    return _Round(tier_result, write, read, write_fio_first=n % 2 == 0,
+                  read_fio_first=n % 2 == 1)
+
+
 # -- the run -------------------------------------------------------------------------------------
 async def run_nvme_bench(directory: Path, *, quick: bool = False,
-                         progress: Progress = no_progress) -> dict[str, Any]:
-    """Run the benchmark under `directory` (see the module docstring for what and how)."""
+                         progress: Progress = no_progress, pairs: int | None = None
+                         ) -> dict[str, Any]:
+    """Run the benchmark under `directory` (see the module docstring for what and how).
+
+    `pairs`: fio/tier pairs per fio-relative case (default 3 quick, 5 full).
+    """
     plan = _QUICK if quick else _FULL
+    k = pairs if pairs is not None else plan.pairs
+    if k < 1:
+        raise ConfigError(f"pairs must be at least 1, got {k}")
     os.makedirs(directory, exist_ok=True)
     path = directory / "tierkv-bench.nvme"
     files_dir = directory / "tierkv-bench-files"
     rows: list[Row] = []
-    fio: dict[str, dict[str, float]] = {}
-    steps = 11
+    details: list[dict[str, Any]] = []
+    extras: dict[str, dict[str, Any]] = {}  # by row case: K and the ratio range
+    fio: dict[str, list[dict[str, float]]] = {}
+    steps = 3 + 4 * k
     done = 0
 
     def step(name: str) -> None:
@@ -245,43 +339,67 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         done += 1
         progress(name, done, steps)
 
+    def add(case: str, unit: str, case_pairs: list[_Pair], target: float | None) -> None:
+        row, detail = _pair_row(case, unit, case_pairs, target)
+        rows.append(row)
+        details.append(detail)
+        extras[row.case] = {"pairs": detail["pairs"], "min_ratio": detail["min_ratio"],
+                            "max_ratio": detail["max_ratio"]}
+
+    def job(name: str, run: FioJob) -> FioJob:
+        def recorded() -> dict[str, float]:
+            figures = run()
+            fio.setdefault(name, []).append(figures)
+            return figures
+        return recorded
+
+    def tier(size: int, random_order: bool) -> Callable[[], Awaitable[dict[str, float]]]:
+        return functools.partial(_tier_run, path, size, plan, random_order=random_order,
+                                 reads=True)
+
+    def fio_time_based(rw: str, bs: int) -> FioJob:
+        label = f"{bs // KiB}KiB" if bs < MiB else "1MiB"
+        return job(f"{rw} {label}", functools.partial(_fio, path, rw, bs, plan.file_size,
+                                                      plan.fio_seconds))
+
     try:
         loop = asyncio.get_running_loop()
-        for rw in ("randwrite", "read", "randread"):
-            fio[f"{rw} 1MiB"] = await loop.run_in_executor(
-                None, _fio, path, rw, MiB, plan.file_size, plan.fio_seconds)
-            step(f"fio {rw} 1MiB")
-        # like for like with the tier's fill just after it: same bytes, ends with an fsync
-        fio["write 1MiB"] = await loop.run_in_executor(
-            None, _fio_fill, path, _fill_count(path, MiB, plan) * MiB)
-        step("fio write 1MiB")
-        seq = await _tier_run(path, MiB, plan, random_order=False, reads=True)
-        step("tier sequential 1MiB")
-        rnd = await _tier_run(path, MiB, plan, random_order=True, reads=True)
-        step("tier random 1MiB")
-        target, name = 0.9, "fio io_uring O_DIRECT"
-        rows += [
-            Row("seq write 1MiB QD32", "MB/s", seq["write_bytes_per_s"] / 1e6,
-                fio["write 1MiB"]["bytes_per_s"] / 1e6, name, target),
-            Row("seq read 1MiB QD32", "MB/s", seq["read_bytes_per_s"] / 1e6,
-                fio["read 1MiB"]["bytes_per_s"] / 1e6, name, target),
-            Row("rand write 1MiB QD32", "MB/s", rnd["write_bytes_per_s"] / 1e6,
-                fio["randwrite 1MiB"]["bytes_per_s"] / 1e6, name, target),
-            Row("rand read 1MiB QD32", "MB/s", rnd["read_bytes_per_s"] / 1e6,
-                fio["randread 1MiB"]["bytes_per_s"] / 1e6, name, target),
-        ]
-        tier_by_size = {MiB: rnd}
+        # every later write overwrites allocated blocks, the tier's and fio's alike (not counted)
+        await loop.run_in_executor(None, _fio_fill, path, plan.file_size)
+        step("fio lays out the file")
+        # like for like with the tier's fill: same bytes, sequential 1 MiB, ends with an fsync
+        fill = job("write 1MiB", functools.partial(_fio_fill, path,
+                                                   _fill_count(path, MiB, plan) * MiB))
+        seq_rounds = []
+        for n in range(k):
+            seq_rounds.append(await _round(n, tier(MiB, False), fio_time_based("read", MiB), fill))
+            step(f"sequential 1MiB pair {n + 1}/{k}")
+        rnd_rounds = []
+        for n in range(k):
+            rnd_rounds.append(await _round(n, tier(MiB, True), fio_time_based("randread", MiB),
+                                           fio_time_based("randwrite", MiB)))
+            step(f"random 1MiB pair {n + 1}/{k}")
+        for case, rounds, key in (("seq write 1MiB QD32", seq_rounds, "write"),
+                                  ("seq read 1MiB QD32", seq_rounds, "read"),
+                                  ("rand write 1MiB QD32", rnd_rounds, "write"),
+                                  ("rand read 1MiB QD32", rnd_rounds, "read")):
+            add(case, "MB/s", [_bytes_pair(r, key) for r in rounds], 0.9)
+        # the tier runs of the median random-read pairs stand for the tier against the files
+        by_size = {MiB: rnd_rounds[_median_pair([_bytes_pair(r, "read") for r in rnd_rounds])]
+                   .tier}
         for size, goal in ((64 * KiB, 0.6), (4 * KiB, None)):
             label = f"{size // KiB}KiB"
-            fio[f"randread {label}"] = await loop.run_in_executor(
-                None, _fio, path, "randread", size, plan.file_size, plan.fio_seconds)
-            step(f"fio randread {label}")
-            tier_by_size[size] = await _tier_run(path, size, plan, random_order=True, reads=True)
-            step(f"tier random {label}")
-            rows.append(Row(f"rand read {label} QD32", "IOPS", tier_by_size[size]["read_iops"],
-                            fio[f"randread {label}"]["iops"], name, goal))
+            small = []
+            for n in range(k):
+                small.append(await _round(n, tier(size, True),
+                                          fio_time_based("randread", size)))
+                step(f"random {label} pair {n + 1}/{k}")
+            read_pairs = [_Pair(r.tier["read_iops"], r.fio_read["iops"], r.read_fio_first)
+                          for r in small]
+            add(f"rand read {label} QD32", "IOPS", read_pairs, goal)
+            by_size[size] = small[_median_pair(read_pairs)].tier
         path.unlink(missing_ok=True)
-        for size, tier_result in tier_by_size.items():
+        for size, tier_result in by_size.items():
             label = f"{size // KiB}KiB" if size < MiB else "1MiB"
             count = min(int(tier_result["objects"]), plan.files_cap)
             files = await _files_run(files_dir, size, count)
@@ -307,12 +425,23 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         path.unlink(missing_ok=True)
         shutil.rmtree(files_dir, ignore_errors=True)
     return {
-        "rows": [row.to_json() for row in rows],
+        "rows": [row.to_json() | extras.get(row.case, {}) for row in rows],
+        "pairs": details,
         "fio": fio,
         "config": {"quick": quick, "file_size": plan.file_size, "region_size": plan.region_size,
                    "queue_depth": QUEUE_DEPTH, "fio_seconds": plan.fio_seconds,
-                   "directory": str(directory)},
+                   "pairs": k, "directory": str(directory)},
     }
+
+
+def _bytes_pair(r: _Round, side: str) -> _Pair:
+    """The MB/s pair of round `r` for `side` ("write" or "read")."""
+    if side == "write":
+        assert r.fio_write is not None
+        return _Pair(r.tier["write_bytes_per_s"] / 1e6, r.fio_write["bytes_per_s"] / 1e6,
+                     r.write_fio_first)
+    return _Pair(r.tier["read_bytes_per_s"] / 1e6, r.fio_read["bytes_per_s"] / 1e6,
+                 r.read_fio_first)
 
 
 async def seq_write_pairs(directory: Path, pairs: int, *, quick: bool = False
@@ -357,18 +486,20 @@ def nvme_rows(result: dict[str, Any]) -> list[Row]:
 def render_nvme_report(result: dict[str, Any]) -> list[str]:
     """Plain text lines: one per row, figure, baseline, ratio and target."""
     config = result["config"]
+    rows = nvme_rows(result)
+    width = max([len("case"), *(len(row.case) for row in rows)])
     lines = [
         f"NVMe tier benchmark ({'quick' if config['quick'] else 'full'}): file "
         f"{config['file_size'] / GiB:.2f} GiB, region {config['region_size'] // MiB} MiB, "
         f"QD {config['queue_depth']}",
-        f"{'case':<44} {'tier':>10} {'baseline':>10} {'ratio':>7} {'target':>7}  baseline",
+        f"{'case':<{width}} {'tier':>10} {'baseline':>10} {'ratio':>7} {'target':>7}  baseline",
     ]
-    for row in nvme_rows(result):
+    for row in rows:
         baseline = f"{row.baseline:10.1f}" if row.baseline is not None else f"{'-':>10}"
         ratio = f"{row.ratio:7.2f}" if row.ratio is not None else f"{'-':>7}"
         target = f"{row.target:7.2f}" if row.target is not None else f"{'-':>7}"
         mark = {True: " ok", False: " MISS", None: ""}[row.meets_target]
-        lines.append(f"{row.case:<44} {row.measured:10.1f} {baseline} {ratio} {target}  "
+        lines.append(f"{row.case:<{width}} {row.measured:10.1f} {baseline} {ratio} {target}  "
                      f"{row.unit}, {row.baseline_name or 'no baseline'}{mark}")
     return lines
 
