@@ -8,7 +8,6 @@ from tierkv.errors import (
     DeviceError,
     EngineClosedError,
     ObjectNotFound,
-    PinnedError,
     TierFullError,
     TierKVError,
 )
@@ -25,7 +24,6 @@ __all__ = [
     "Key",
     "ObjectNotFound",
     "PinHandle",
-    "PinnedError",
     "TierFullError",
     "TierKVError",
     "block_keys",

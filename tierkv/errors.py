@@ -36,7 +36,3 @@ class ObjectNotFound(TierKVError, KeyError):
 
 class EngineClosedError(TierKVError, RuntimeError):
     """The engine (or a tier) was used after `close()`."""
-
-
-class PinnedError(TierKVError):
-    """An operation needs to move or free an object that a live pin handle holds."""

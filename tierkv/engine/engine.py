@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -81,7 +81,7 @@ class Engine:
             self._closed = True
             raise
         first = self.config.tiers[0]
-        if isinstance(first, GpuTierConfig) and len(self.tiers) > 0:
+        if isinstance(first, GpuTierConfig):
             self._expiry = asyncio.create_task(self._expire_loop(first.ttl))
 
     async def _adopt(self, tier_index: int, recovered: list[RecoveredObject]) -> None:
@@ -134,7 +134,9 @@ class Engine:
         device fails is a miss, never wrong bytes.
         """
         self._check_open()
-        raw = encode_key(key)
+        return await self._get_raw(encode_key(key))
+
+    async def _get_raw(self, raw: bytes) -> bytes | torch.Tensor | None:
         self._counters.gets += 1
         found = await self._read(raw)
         if found is None:
@@ -146,14 +148,14 @@ class Engine:
         """`get` of every key, results in order; lower-tier reads run concurrently."""
         self._check_open()
         results: list[bytes | torch.Tensor | None] = [None] * len(keys)
-        slow: list[tuple[int, Key]] = []
-        for position, key in enumerate(keys):
-            entry = self._index.get(encode_key(key))
+        slow: list[tuple[int, bytes]] = []
+        for position, raw in enumerate(map(encode_key, keys)):
+            entry = self._index.get(raw)
             if entry is not None and entry.locations and entry.locations[0] == 0:
-                results[position] = await self.get(key)
+                results[position] = await self._get_raw(raw)
             else:
-                slow.append((position, key))
-        values = await asyncio.gather(*(self.get(key) for _, key in slow))
+                slow.append((position, raw))
+        values = await asyncio.gather(*(self._get_raw(raw) for _, raw in slow))
         for (position, _), value in zip(slow, values, strict=True):
             results[position] = value
         return results
@@ -336,7 +338,8 @@ class Engine:
             break
         self._forget(dropped, index)
         if self._index.get(raw) is not entry:
-            await tier.delete(raw)  # the entry died while we wrote (cannot happen under _lock)
+            # a get that found the last copy corrupt forgot the key while we wrote
+            await tier.delete(raw)
             return True
         entry.add_location(index)
         self._lru[index].insert(raw, time.monotonic())
@@ -358,7 +361,8 @@ class Engine:
                 self._unindex(key)
                 self._counters.drops += 1
 
-    def _protected(self, tier_index: int, protect: bytes) -> Any:
+    def _protected(self, tier_index: int, protect: bytes) -> Callable[[bytes], bool]:
+        """What the scheduler must not pick: the key being placed, and pinned keys in L1."""
         pins = self._pins if tier_index == 0 else {}
         return lambda key: key == protect or key in pins
 

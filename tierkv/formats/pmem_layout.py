@@ -208,7 +208,6 @@ def _build_classes() -> tuple[SizeClass, ...]:
 
 
 SIZE_CLASSES = _build_classes()
-MAX_CLASS_UNIT = SIZE_CLASSES[-1].unit
 
 
 def size_class(record_size: int) -> SizeClass | None:

@@ -59,14 +59,10 @@ class UringIO:
         self._slots = asyncio.Semaphore(queue_depth)
         self._loop.add_reader(self._ring_fd, self._drain)
         self._closed = False
-        self.completions = 0
-        self.wakeups = 0
 
     def _drain(self) -> None:
-        self.wakeups += 1
         while (cqe := self._ctx.peek_completion()) is not None:
             user_data, result = cqe
-            self.completions += 1
             entry = self._pending.pop(user_data, None)
             if entry is None:
                 log.warning("io_uring completion for unknown user_data %d", user_data)

@@ -288,6 +288,7 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
             "regions_used": sum(s is not RegionState.FREE for s in states),
             "regions_free": sum(s is RegionState.FREE for s in states),
             "entries": len(self._index),
+            "buffer_bytes_mapped": self._pool.mapped,
             "recovered_from": self._recovered_from,
         })
         return data
