@@ -19,3 +19,11 @@ CAPACITY = 8 << 20
 class TestPmemConformance(TierConformance):
     async def make_tier(self, directory: Path) -> Tier:
         return PmemTier(PmemTierConfig("pmem", CAPACITY, directory / "tier.pool"))
+
+
+class TestPmemConformancePythonCopies(TierConformance):
+    """The same contract on the Python copy path (what runs where the native library is not
+    built)."""
+
+    async def make_tier(self, directory: Path) -> Tier:
+        return PmemTier(PmemTierConfig("pmem", CAPACITY, directory / "tier.pool"), native=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers import _pmemobj as pm
+from tierkv.tiers._pmem_native import load as load_native
 from tierkv.tiers.pmem import CHUNK, LARGE_COPY, PmemTier
 
 pytestmark = pytest.mark.pmem
@@ -24,8 +26,16 @@ CAPACITY = 32 << 20
 LARGE = 2 * CHUNK + 12345
 
 
-def make(path: Path) -> PmemTier:
-    return PmemTier(PmemTierConfig("pmem", CAPACITY, path))
+Make = Callable[[Path], PmemTier]
+
+
+@pytest.fixture(params=[True, False], ids=["native", "python"])
+def make(request: pytest.FixtureRequest) -> Make:
+    """Tiers on the native copy paths (the library must be built: scripts/setup) or Python's."""
+    native: bool = request.param
+    if native:
+        assert load_native() is not None, "the native pmem library is not built"
+    return lambda path: PmemTier(PmemTierConfig("pmem", CAPACITY, path), native=native)
 
 
 def meta_of(size: int) -> ObjectMeta:
@@ -33,7 +43,7 @@ def meta_of(size: int) -> ObjectMeta:
 
 
 @pytest.mark.parametrize("size", [LARGE_COPY, CHUNK, LARGE], ids=["one-chunk", "chunk", "chunks"])
-async def test_chunked_checksum_matches_one_shot(tmp_path: Path, size: int) -> None:
+async def test_chunked_checksum_matches_one_shot(make: Make, tmp_path: Path, size: int) -> None:
     """The checksum written by the copy thread, in one call or chunk by chunk, is the one-shot
     xxh3 the recovery walk verifies."""
     path = tmp_path / "tier.pool"
@@ -65,7 +75,7 @@ async def test_chunked_checksum_matches_one_shot(tmp_path: Path, size: int) -> N
         pool.close()
 
 
-async def test_shorter_header_moves_the_payload(tmp_path: Path) -> None:
+async def test_shorter_header_moves_the_payload(make: Make, tmp_path: Path) -> None:
     """A checksum below 2**32 encodes shorter than the header the record was sized for: the
     payload is moved up behind the real header (forced here with an over-wide guess)."""
     path = tmp_path / "tier.pool"
@@ -83,7 +93,7 @@ async def test_shorter_header_moves_the_payload(tmp_path: Path) -> None:
         await tier.close()
 
 
-async def test_concurrent_large_puts_and_gets_keep_contents(tmp_path: Path) -> None:
+async def test_concurrent_large_puts_and_gets_keep_contents(make: Make, tmp_path: Path) -> None:
     tier = make(tmp_path / "tier.pool")
     await tier.open()
     try:
@@ -112,7 +122,7 @@ async def test_concurrent_large_puts_and_gets_keep_contents(tmp_path: Path) -> N
         await tier.close()
 
 
-async def test_returned_payload_is_a_writable_owned_buffer(tmp_path: Path) -> None:
+async def test_returned_payload_is_a_writable_owned_buffer(make: Make, tmp_path: Path) -> None:
     tier = make(tmp_path / "tier.pool")
     await tier.open()
     try:
@@ -129,7 +139,8 @@ async def test_returned_payload_is_a_writable_owned_buffer(tmp_path: Path) -> No
         await tier.close()
 
 
-async def test_worker_error_reaches_the_caller_and_used_stays_consistent(tmp_path: Path) -> None:
+async def test_worker_error_reaches_the_caller_and_used_stays_consistent(
+        make: Make, tmp_path: Path) -> None:
     """PMDK's ENOMEM on a copy thread is TierFullError in the caller; `used` is unchanged."""
     path = tmp_path / "tight.pool"
     size = layout.pool_size_for(CAPACITY)
@@ -152,7 +163,7 @@ async def test_worker_error_reaches_the_caller_and_used_stays_consistent(tmp_pat
         await tier.close()
 
 
-async def test_cancelled_large_put_leaves_nothing(tmp_path: Path) -> None:
+async def test_cancelled_large_put_leaves_nothing(make: Make, tmp_path: Path) -> None:
     tier = make(tmp_path / "tier.pool")
     await tier.open()
     try:
@@ -170,7 +181,7 @@ async def test_cancelled_large_put_leaves_nothing(tmp_path: Path) -> None:
         await tier.close()
 
 
-async def test_cancelled_large_get_keeps_the_object(tmp_path: Path) -> None:
+async def test_cancelled_large_get_keeps_the_object(make: Make, tmp_path: Path) -> None:
     tier = make(tmp_path / "tier.pool")
     await tier.open()
     try:

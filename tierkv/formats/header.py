@@ -30,6 +30,12 @@ MAX_BODY = 1 << 20
 MAX_KEY = MAX_KEY_SIZE
 MAX_PARENTS = 4096
 _FIELDS = 9
+#: msgpack's fixarray header for the body's nine fields
+_ARRAY_OF_FIELDS = bytes([0x90 | _FIELDS])
+
+
+#: the prefix's first 8 bytes: magic, version, reserved
+_LEAD = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, 0, 0)[:8]
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
@@ -51,26 +57,39 @@ class ObjectHeader:
 
 def encode_header(header: ObjectHeader) -> bytes:
     """The header's bytes; `ValueError` for what `decode_header` would refuse (over-long keys)."""
-    meta = header.meta
-    if not header.key or len(header.key) > MAX_KEY or len(meta.parents) > MAX_PARENTS:
+    parts = encode_header_parts(header.key, header.meta, header.flags)
+    return parts.assemble(header.payload_checksum)
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderParts:
+    """A header cut around its payload checksum, for writers that learn the checksum while they
+    copy the payload (the pmem tier's native put): ``lead`` is the first 8 bytes of the prefix
+    (magic, version, reserved), ``head`` the msgpack body before the checksum field and ``tail``
+    the body after it. msgpack's encoding of an array is its header followed by its elements',
+    so ``head + packb(checksum) + tail`` is exactly the body `encode_header` writes."""
+
+    lead: bytes
+    head: bytes
+    tail: bytes
+
+    def assemble(self, payload_checksum: int) -> bytes:
+        body = self.head + msgpack.packb(payload_checksum) + self.tail
+        return self.lead + PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), checksum(body))[
+            len(self.lead) :] + body
+
+
+def encode_header_parts(key: bytes, meta: ObjectMeta, flags: int = 0) -> HeaderParts:
+    """`encode_header` without the checksum (see `HeaderParts`); the same `ValueError`s."""
+    if not key or len(key) > MAX_KEY or len(meta.parents) > MAX_PARENTS:
         raise ValueError("header key or parents out of bounds")
     if any(not parent or len(parent) > MAX_KEY for parent in meta.parents):
         raise ValueError("header parent key out of bounds")
-    body = msgpack.packb(
-        [
-            header.key,
-            int(meta.kind),
-            meta.dtype,
-            list(meta.shape),
-            meta.nbytes,
-            header.payload_checksum,
-            list(meta.parents),
-            meta.generation,
-            header.flags,
-        ],
-        use_bin_type=True,
-    )
-    return PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), checksum(body)) + body
+    # each packed as a short array whose own header (one byte: fixarray) is cut off
+    head = msgpack.packb([key, int(meta.kind), meta.dtype, list(meta.shape), meta.nbytes],
+                         use_bin_type=True)
+    tail = msgpack.packb([list(meta.parents), meta.generation, flags], use_bin_type=True)
+    return HeaderParts(_LEAD, _ARRAY_OF_FIELDS + head[1:], tail[1:])
 
 
 def header_length(buf: bytes | bytearray | memoryview) -> int:

@@ -31,6 +31,7 @@ pool can hold.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import math
 import struct
@@ -208,15 +209,20 @@ def _build_classes() -> tuple[SizeClass, ...]:
 
 
 SIZE_CLASSES = _build_classes()
+_UNITS = [cls.unit for cls in SIZE_CLASSES]
+
+
+def class_index(record_size: int) -> int | None:
+    """The index in `SIZE_CLASSES` of the class a record of `record_size` bytes is allocated
+    from; ``None``: a huge allocation."""
+    index = bisect.bisect_left(_UNITS, record_size + ALLOC_HEADER)
+    return index if index < len(_UNITS) else None
 
 
 def size_class(record_size: int) -> SizeClass | None:
     """The class a record of `record_size` bytes is allocated from; ``None``: a huge allocation."""
-    need = record_size + ALLOC_HEADER
-    for cls in SIZE_CLASSES:
-        if cls.unit >= need:
-            return cls
-    return None
+    index = class_index(record_size)
+    return None if index is None else SIZE_CLASSES[index]
 
 
 def record_footprint(record_size: int) -> int:

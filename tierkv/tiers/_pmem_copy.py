@@ -10,9 +10,11 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import numpy.typing as npt
 import xxhash
 
 from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers._pmem_native import NativeCopies
 
 #: copy-and-hash granule: the chunk just copied is still in L2 (1 MiB per core on the test VM)
 #: when hashed. 256 KiB chunks were ~8 % slower for 4 MiB objects (more Python per chunk) and
@@ -57,12 +59,16 @@ def copy_in(pool: pmemobj.Pool, dest: int, view: memoryview) -> int:
     return payload_sum
 
 
-def copy_out(source: int, nbytes: int, checksum: int) -> memoryview | None:
-    """A caller-owned copy of the `nbytes` at `source` (uninitialised buffer, filled and hashed
-    chunk by chunk, one chunk for objects up to `CHUNK`); ``None`` when it fails `checksum`."""
-    out = np.empty(nbytes, dtype=np.uint8)
+def copy_out(out: npt.NDArray[np.uint8], source: int, checksum: int,
+             native: NativeCopies | None = None) -> memoryview | None:
+    """Fill the caller-owned `out` from `source` (hashed chunk by chunk, one chunk for objects
+    up to `CHUNK`); a view of it, or ``None`` when the bytes fail `checksum`. With `native`,
+    one C call does it (`_pmem_native.NativeCopies.copy_verified`)."""
+    nbytes = out.nbytes
     view = out.data
     target = int(out.ctypes.data)
+    if native is not None:
+        return view if native.copy_verified(target, source, nbytes, checksum) else None
     if nbytes <= CHUNK:
         ctypes.memmove(target, source, nbytes)
         payload_sum = xxhash.xxh3_64_intdigest(view)

@@ -96,7 +96,7 @@ _CONSTRUCTOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, 
 Constructor = Callable[[int], None]
 
 
-class _Lib:
+class Lib:
     """The two loaded libraries with argument and result types declared.
 
     `obj` and `pmem` release the GIL around each call; `held_obj` and `held_pmem` are the same
@@ -157,7 +157,7 @@ class _Lib:
 
 
 @functools.cache
-def _load() -> _Lib:
+def _load() -> Lib:
     try:
         obj = ctypes.CDLL(LIBPMEMOBJ, use_errno=True)
         pmem = ctypes.CDLL(LIBPMEM, use_errno=True)
@@ -166,22 +166,28 @@ def _load() -> _Lib:
             f"libpmemobj cannot be loaded ({exc}); install the Debian package libpmemobj1 "
             "(it brings libpmem1)"
         ) from None
-    lib = _Lib(obj, pmem)
+    lib = Lib(obj, pmem)
     mismatch = obj.pmemobj_check_version(API_MAJOR, API_MINOR)
     if mismatch:
         raise DeviceError(f"{LIBPMEMOBJ} is too old: {mismatch.decode(errors='replace')}")
     return lib
 
 
-def library() -> _Lib:
+def library() -> Lib:
     """The loaded libraries; `DeviceError` naming the package to install when they are absent."""
     return _load()
 
 
-def _fail(lib: _Lib, what: str) -> DeviceError:
+def _fail(lib: Lib, what: str) -> DeviceError:
     """The error of the call that just failed in this thread (errno and errormsg read now)."""
     code = ctypes.get_errno()
-    message = lib.errormsg() or os.strerror(code)
+    return failure(what, code, lib.errormsg())
+
+
+def failure(what: str, code: int, message: str) -> DeviceError:
+    """The `DeviceError` of a failed PMDK call, from its errno and ``pmemobj_errormsg`` (read by
+    whoever made the call: this binding, or the native library's worker threads)."""
+    message = message or os.strerror(code)
     error = DeviceError(f"{what}: {message}")
     error.__cause__ = OSError(code, message)
     return error
@@ -223,7 +229,7 @@ _trampoline = _CONSTRUCTOR(_construct)
 class Pool:
     """One open pmemobj pool (`create_pool` / `open_pool`); `close` it exactly once, or more."""
 
-    def __init__(self, lib: _Lib, handle: int, path: Path) -> None:
+    def __init__(self, lib: Lib, handle: int, path: Path) -> None:
         self._lib = lib
         self._handle: int | None = handle
         self.path = path
@@ -308,6 +314,12 @@ class Pool:
             with _pending_lock:
                 del _pending[token]
         return Oid(oid.pool_uuid_lo, oid.off)
+
+    def failure(self, what: str) -> DeviceError:
+        """The `DeviceError` of a call on this pool that just failed in this thread, made by
+        code outside this binding (the native put): errno and ``pmemobj_errormsg`` as `alloc`
+        reports them."""
+        return _fail(self._lib, f"{what} in {self.path}")
 
     def free(self, oid: Oid) -> None:
         """``pmemobj_free``: atomic; after a crash the object is either wholly there or gone."""

@@ -46,18 +46,21 @@ import ctypes
 import errno
 import functools
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tierkv.config import PmemTierConfig
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.header import ObjectHeader, encode_header
+from tierkv.formats.header import ObjectHeader, encode_header, encode_header_parts
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers._buffers import BufferRecycler
 from tierkv.tiers._copythreads import CopyThreads
-from tierkv.tiers._pmem_copy import CHUNK, copy_in, copy_out
+from tierkv.tiers._pmem_copy import CHUNK, address_of, copy_in, copy_out
 from tierkv.tiers._pmem_media import Media, filesystem_of, probe
+from tierkv.tiers._pmem_native import NativeCopies, NativePut, Outcome
+from tierkv.tiers._pmem_native import load as load_native
 from tierkv.tiers._pmem_pool import (
     PoolObject,
     check_root,
@@ -65,6 +68,7 @@ from tierkv.tiers._pmem_pool import (
     recover,
     register_classes,
 )
+from tierkv.tiers._pmem_queue import NativeQueue
 from tierkv.tiers.base import RecoveredObject, Tier, TierKind
 
 # CHUNK and probe live with what they describe; the tier's public surface keeps them
@@ -78,6 +82,9 @@ LARGE_COPY = 64 << 10
 #: were no faster than one with 8 requests in flight, and gets were slower (three threads
 #: contending for the GIL and two cores; docs/benchmarks-pmem.md)
 COPY_THREADS = 1
+#: memory of dropped get results kept for reuse (`_buffers`): 8 requests in flight of 4 MiB,
+#: twice over
+RETAINED_RESULTS = 64 << 20
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
 HEADER_ALLOWANCE = 256
 _MAX_CHECKSUM = 2**64 - 1
@@ -89,8 +96,14 @@ class PmemTier(Tier):
     kind = TierKind.PMEM
     persistent = True
 
-    def __init__(self, config: PmemTierConfig) -> None:
+    def __init__(self, config: PmemTierConfig, *, native: bool = True) -> None:
+        """`native`: use the native copy paths when they are built (`_pmem_native`); False keeps
+        the Python ones (tests cover both)."""
         super().__init__(config.name)
+        self._use_native = native
+        self._native: NativeCopies | None = None
+        self._native_queue: NativeQueue | None = None
+        self._results = BufferRecycler(RETAINED_RESULTS)
         self.config = config
         self.path = config.path
         self._capacity = config.capacity
@@ -124,10 +137,15 @@ class PmemTier(Tier):
             await copier.close()
             raise
         self._copy_threads = copier
+        if self._native is not None:
+            self._native_queue = NativeQueue(self._native, loop, COPY_THREADS)
         return recovered
 
     async def _close(self) -> None:
         await self._idle.wait()
+        if self._native_queue is not None:
+            await self._native_queue.close()
+            self._native_queue = None
         if self._copy_threads is not None:
             await self._copy_threads.close()
             self._copy_threads = None
@@ -141,6 +159,7 @@ class PmemTier(Tier):
         try:
             check_root(pool, self.path)
             self._class_flags = register_classes(pool)
+            self._native = load_native() if self._use_native else None
             fstype, _options = filesystem_of(self.path)
             self.media = Media(pool.is_pmem(), fstype, fstype == "tmpfs")
             if pool.size:
@@ -210,13 +229,12 @@ class PmemTier(Tier):
             raise ValueError(f"payload holds {view.nbytes} bytes, meta says {meta.nbytes}")
         sequence = self._sequence
         self._sequence += 1
-        # the widest header (a checksum of 2**32 or more: all but 1 in 2**32) sizes the record
-        widest = encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM))
-        reserved = layout.record_footprint(layout.PREFIX_SIZE + len(widest) + view.nbytes)
+        record_size, write, native_put = self._prepare(sequence, key, meta, view)
+        reserved = layout.record_footprint(record_size)
         self._reserve(reserved)
         if view.nbytes < LARGE_COPY:
             try:
-                obj = self._write(sequence, key, meta, view, len(widest))
+                obj = write()
             except BaseException as exc:
                 self._used -= reserved
                 self._count_failure(exc)
@@ -238,12 +256,45 @@ class PmemTier(Tier):
                 self._install(key, obj)
 
         self._begin()
-        await self._copier().submit(
-            functools.partial(self._write, sequence, key, meta, view, len(widest)), finish)
+        if native_put is None:
+            await self._copier().submit(write, finish)
+            return ()
+
+        def finish_native(outcome: Outcome | None, error: BaseException | None,
+                          abandoned: bool) -> None:
+            obj = None if outcome is None else self._pool_object(outcome, meta, sequence)
+            finish(obj, error, abandoned)
+
+        try:
+            await self._queue().put(native_put, finish_native)
+        except DeviceError as exc:
+            self._raise_if_full(exc, record_size)
+            raise
         return ()
 
+    def _prepare(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview
+                 ) -> tuple[int, Callable[[], PoolObject], NativePut | None]:
+        """The size of the record a put allocates, the job that writes it inline (`_write`), and
+        with the native library the prepared put that its workers can run instead."""
+        native = self._native
+        if native is None:
+            # the widest header (a checksum of 2**32 or more: all but 1 in 2**32) sizes it
+            widest = len(encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM)))
+            size = layout.PREFIX_SIZE + widest + view.nbytes
+            return size, functools.partial(self._write, sequence, key, meta, view, widest), None
+        prefix = layout.encode_prefix(sequence)
+        parts = encode_header_parts(key, meta)
+        put = NativePut(native, self._live_pool().handle, prefix=prefix, parts=parts,
+                        payload_address=address_of(view), payload_len=view.nbytes,
+                        type_num=layout.OBJECT_TYPE_NUM, keep=view)
+        put.set_flags(self._class_flag(put.record_size))
+        return (put.record_size, functools.partial(self._write_native, put, meta, sequence),
+                put)
+
     def _count_failure(self, error: BaseException | None) -> None:
-        if isinstance(error, TierFullError):
+        full = isinstance(error, TierFullError) or (
+            isinstance(error, DeviceError) and pmemobj.failure_errno(error) == errno.ENOMEM)
+        if full:
             self._counters["pool_full"] += 1
 
     def _write(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview,
@@ -270,18 +321,40 @@ class PmemTier(Tier):
             written.extend((payload_sum, len(record), address))
 
         size = offset + nbytes
-        cls = layout.size_class(size)
-        flags = self._class_flags[layout.SIZE_CLASSES.index(cls)] if cls is not None else 0
         try:
-            oid = pool.alloc(size, layout.OBJECT_TYPE_NUM, construct, flags)
+            oid = pool.alloc(size, layout.OBJECT_TYPE_NUM, construct, self._class_flag(size))
         except DeviceError as exc:
-            if pmemobj.failure_errno(exc) == errno.ENOMEM:
-                raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
-                                    f"{size} bytes") from exc
+            self._raise_if_full(exc, size)
             raise
         payload_sum, payload_offset, address = written
         return PoolObject(oid, address, meta, payload_offset, payload_sum,
                           pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
+
+    def _write_native(self, put: NativePut, meta: ObjectMeta, sequence: int) -> PoolObject:
+        """`_write` in one C call (`_pmem_native`): same record, same guarantees, no GIL."""
+        try:
+            outcome = put.run(self._live_pool())
+        except DeviceError as exc:
+            self._raise_if_full(exc, put.record_size)
+            raise
+        return self._pool_object(outcome, meta, sequence)
+
+    def _pool_object(self, outcome: Outcome, meta: ObjectMeta, sequence: int) -> PoolObject:
+        oid, address, payload_offset, payload_sum = outcome
+        return PoolObject(oid, address, meta, payload_offset, payload_sum,
+                          self._live_pool().usable_size(oid) + layout.ALLOC_HEADER, sequence)
+
+    def _class_flag(self, record_size: int) -> int:
+        """The allocation flag of the tier's class for a record (0: a PMDK huge allocation)."""
+        index = layout.class_index(record_size)
+        return self._class_flags[index] if index is not None else 0
+
+    def _raise_if_full(self, error: DeviceError, size: int) -> None:
+        """A failed allocation because the pool is full becomes `TierFullError` (the engine
+        evicts and retries); any other failure stays what it is."""
+        if pmemobj.failure_errno(error) == errno.ENOMEM:
+            raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
+                                f"{size} bytes") from error
 
     def _install(self, key: bytes, obj: PoolObject) -> None:
         old = self._objects.get(key)
@@ -331,16 +404,19 @@ class PmemTier(Tier):
                 self._release(obj)
             self._end()
 
-        if obj.meta.nbytes < LARGE_COPY:
+        source, nbytes = obj.address + obj.payload_offset, obj.meta.nbytes
+        out = self._results.take(nbytes)
+        if nbytes < LARGE_COPY:
             try:
-                data = copy_out(obj.address + obj.payload_offset, obj.meta.nbytes,
-                                obj.payload_checksum)
+                data = copy_out(out, source, obj.payload_checksum, self._native)
             finally:
                 finish()
+        elif self._native is None:
+            data = await self._copier().submit(
+                functools.partial(copy_out, out, source, obj.payload_checksum), finish)
         else:
-            copy = functools.partial(copy_out, obj.address + obj.payload_offset,
-                                     obj.meta.nbytes, obj.payload_checksum)
-            data = await self._copier().submit(copy, finish)
+            matched = await self._queue().get(out, source, obj.payload_checksum, finish)
+            data = out.data if matched else None
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
@@ -350,6 +426,10 @@ class PmemTier(Tier):
                 self._release(obj)
             return None
         return obj.meta, data
+
+    def _queue(self) -> NativeQueue:
+        assert self._native_queue is not None  # open, with the native library
+        return self._native_queue
 
     def _copier(self) -> CopyThreads:
         assert self._copy_threads is not None  # set for the whole time the tier is open
@@ -382,6 +462,8 @@ class PmemTier(Tier):
             emulated=media.emulated if media else None,
             tmpfs=media.tmpfs if media else None,
             durability=media.durability if media else "unknown until open",
+            copy_path=self._copy_path(),
+            recycled_results=self._results.reused,
             objects=len(self._objects),
             bytes=self._payload_bytes,
             **self._counters,
@@ -399,4 +481,10 @@ class PmemTier(Tier):
             else "emulated: not persistent memory (pmem_is_pmem = 0)",
             "filesystem": media.filesystem + (" (RAM)" if media.tmpfs else ""),
             "durability": media.durability,
+            "copies": self._copy_path(),
         }
+
+    def _copy_path(self) -> str:
+        if self._native is not None:
+            return f"native ({self._native.path.name})"
+        return "python" + ("" if not self._use_native else " (native library not built)")

@@ -1,0 +1,53 @@
+"""`BufferRecycler`: get results whose memory comes back once nothing refers to them."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
+
+SIZE = 256 << 10
+
+
+def test_dropped_result_memory_is_reused() -> None:
+    recycler = BufferRecycler(4 * SIZE)
+    first = recycler.take(SIZE)
+    address = first.ctypes.data
+    del first
+    second = recycler.take(SIZE)
+    assert second.ctypes.data == address
+    assert recycler.reused == 1
+
+
+def test_memory_is_not_reused_while_a_derived_view_lives() -> None:
+    recycler = BufferRecycler(4 * SIZE)
+    result = recycler.take(SIZE)
+    view = result.data  # what the tier hands out
+    derived = np.frombuffer(view, dtype=np.float32)  # what a caller builds on it
+    address = result.ctypes.data
+    del result, view
+    gc.collect()
+    other = recycler.take(SIZE)
+    assert other.ctypes.data != address
+    other[:] = 0
+    derived[:] = 1.0  # still its own memory: writing `other` did not touch it
+    assert derived.sum() == SIZE // 4
+    del derived
+    assert recycler.take(SIZE).ctypes.data == address
+
+
+def test_retention_is_bounded() -> None:
+    recycler = BufferRecycler(2 * SIZE)
+    results = [recycler.take(SIZE) for _ in range(4)]
+    del results
+    assert recycler.free_bytes == 2 * SIZE
+
+
+def test_small_results_are_plain_arrays() -> None:
+    recycler = BufferRecycler(4 * SIZE)
+    small = recycler.take(MIN_RECYCLED - 1)
+    assert small.base is None and small.nbytes == MIN_RECYCLED - 1
+    del small
+    assert recycler.free_bytes == 0

@@ -1,0 +1,118 @@
+"""The native copy library (tierkv/_native): built, bit-compatible with the Python path."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+import xxhash
+
+from tierkv.config import PmemTierConfig
+from tierkv.formats import pmem_layout as layout
+from tierkv.formats.header import encode_header_parts
+from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers._pmem_native import HEADER_FIXED, WIDEST_CHECKSUM, NativeCopies, NativePut
+from tierkv.tiers._pmem_native import load as load_native
+from tierkv.tiers._pmem_pool import PoolObject
+from tierkv.tiers.pmem import PmemTier
+
+pytestmark = pytest.mark.pmem
+
+
+@pytest.fixture
+def native() -> NativeCopies:
+    loaded = load_native()
+    assert loaded is not None, "the native pmem library is not built (scripts/setup builds it)"
+    return loaded
+
+
+def meta_of(size: int) -> ObjectMeta:
+    return ObjectMeta(ValueKind.BYTES, "", (), size, 3, (b"\x02parent",))
+
+
+@pytest.mark.parametrize("size", [0, 1, 63, 240, 4096, 16 << 10, (1 << 20) + 7])
+def test_xxh3_agrees_with_python(native: NativeCopies, size: int) -> None:
+    data = np.frombuffer(bytearray(os.urandom(size)) or bytearray(1), dtype=np.uint8)[:size]
+    assert native.xxh3_64(int(data.ctypes.data), size) == xxhash.xxh3_64_intdigest(data.data)
+
+
+@pytest.mark.parametrize("size", [100, 256 << 10, (1 << 20) + 3, 3 << 20])
+def test_copy_verified_copies_and_checks(native: NativeCopies, size: int) -> None:
+    """Below and above the streaming-store threshold, with a ragged tail."""
+    source = np.frombuffer(bytearray(os.urandom(size)), dtype=np.uint8)
+    out = np.empty(size, dtype=np.uint8)
+    digest = xxhash.xxh3_64_intdigest(source.data)
+    assert native.copy_verified(int(out.ctypes.data), int(source.ctypes.data), size, digest)
+    assert out.tobytes() == source.tobytes()
+    assert not native.copy_verified(int(out.ctypes.data), int(source.ctypes.data), size,
+                                    digest ^ 1)
+
+
+@pytest.mark.parametrize("checksum", [0, 5, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
+                                      2**64 - 1])
+def test_header_matches_python_for_every_checksum_width(native: NativeCopies, tmp_path: Path,
+                                                        checksum: int) -> None:
+    """The C constructor's last step (`tkv_write_header`) with a chosen checksum: every msgpack
+    width, including the ones that move the payload up (1 in 2**32 in real use). It reads no
+    pool, so the put is prepared with a null pool handle."""
+    payload = os.urandom(4000)
+    meta = meta_of(len(payload))
+    parts = encode_header_parts(b"\x02key", meta)
+    prefix = layout.encode_prefix(9)
+    scratch = np.zeros(len(prefix) + HEADER_FIXED + len(parts.head) + WIDEST_CHECKSUM
+                       + len(parts.tail) + len(payload), dtype=np.uint8)
+    widest = scratch.nbytes - len(payload)
+    scratch[widest:] = np.frombuffer(payload, dtype=np.uint8)
+    put = NativePut(native, 0, prefix=prefix, parts=parts, payload_address=0,
+                    payload_len=len(payload), type_num=layout.OBJECT_TYPE_NUM, keep=None)
+    offset = native.write_header(put.address, int(scratch.ctypes.data), checksum)
+    expected = prefix + parts.assemble(checksum)
+    assert offset == len(expected)
+    assert scratch[:offset].tobytes() == expected
+    assert scratch[offset : offset + len(payload)].tobytes() == payload
+    info = layout.decode_record(memoryview(scratch.tobytes()))
+    assert info.header.payload_checksum == checksum and info.payload_offset == offset
+    assert len(msgpack.packb(checksum)) == WIDEST_CHECKSUM - (widest - offset)
+
+
+@pytest.mark.parametrize("size", [100, 96 << 10, (1 << 20) + 5])
+async def test_native_record_is_the_python_record(tmp_path: Path, size: int) -> None:
+    """Same key, meta, payload and sequence: the native put writes the bytes the Python one
+    does (inline below `LARGE_COPY`, the same constructor above it)."""
+    tier = PmemTier(PmemTierConfig("pmem", 16 << 20, tmp_path / "tier.pool"))
+    await tier.open()
+    try:
+        payload = memoryview(os.urandom(size))
+        meta = meta_of(size)
+        _size, write, put = tier._prepare(7, b"\x02same", meta, payload)
+        assert put is not None
+        native_obj = write()
+        widest = put.record_size - layout.PREFIX_SIZE - size
+        python_obj = tier._write(7, b"\x02same", meta, payload, widest)
+        assert _record(native_obj) == _record(python_obj)
+        assert native_obj.payload_checksum == xxhash.xxh3_64_intdigest(payload)
+        assert native_obj.footprint == python_obj.footprint
+        for obj in (native_obj, python_obj):
+            tier._live_pool().free(obj.oid)
+    finally:
+        await tier.close()
+
+
+def _record(obj: PoolObject) -> bytes:
+    return ctypes.string_at(obj.address, obj.payload_offset + obj.meta.nbytes)
+
+
+async def test_stats_and_info_name_the_copy_path(tmp_path: Path) -> None:
+    for native, expected in ((True, "native"), (False, "python")):
+        tier = PmemTier(PmemTierConfig("pmem", 16 << 20, tmp_path / f"{native}.pool"),
+                        native=native)
+        await tier.open()
+        try:
+            assert tier.stats()["copy_path"].startswith(expected)
+            assert tier.describe()["copies"].startswith(expected)
+        finally:
+            await tier.close()

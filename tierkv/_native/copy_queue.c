@@ -1,0 +1,168 @@
+/* Worker threads that run the pmem tier's puts and gets (pmem_copy.c) without the GIL.
+ *
+ * The event loop submits jobs (`tkv_queue_submit`, nanoseconds: a linked-list append under a
+ * mutex) and watches an eventfd; a worker runs each job wholly in C and appends it to the done
+ * list, writing the eventfd only when that list was empty, so one wake-up of the loop reaps every
+ * job that finished meanwhile (`tkv_queue_reap`). Python never runs on a worker, so a worker never
+ * waits for the GIL held by a busy loop, and the loop never waits for a worker to hand it back.
+ *
+ * Jobs are owned by the caller (ctypes structures it keeps alive from submit until reap).
+ * `tkv_queue_destroy` must be called with no job in flight; it stops and joins the workers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "copy_queue.h"
+
+#define TKV_MAX_WORKERS 16
+
+struct tkv_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    struct tkv_job *head, *tail;           /* submitted, not yet taken */
+    struct tkv_job *done_head, *done_tail; /* finished, not yet reaped */
+    int stopping;
+    int eventfd;
+    int workers;
+    pthread_t threads[TKV_MAX_WORKERS];
+};
+
+static void run_job(struct tkv_job *job)
+{
+    const char *message;
+    errno = 0;
+    if (job->op == TKV_OP_PUT) {
+        job->status = tkv_pmem_put(job->put, &job->oid);
+        if (job->status != 0) {
+            job->error = errno;
+            message = job->put->api->errormsg();
+            strncpy(job->message, message ? message : "", sizeof(job->message) - 1);
+            job->message[sizeof(job->message) - 1] = '\0';
+        }
+    } else {
+        job->status = tkv_copy_verified(job->dest, job->src, job->len, job->expected);
+    }
+}
+
+static void *serve(void *arg)
+{
+    struct tkv_queue *q = arg;
+    struct tkv_job *job;
+    int was_empty;
+    uint64_t one = 1;
+
+    for (;;) {
+        pthread_mutex_lock(&q->lock);
+        while (!q->head && !q->stopping)
+            pthread_cond_wait(&q->wake, &q->lock);
+        job = q->head;
+        if (!job) {
+            pthread_mutex_unlock(&q->lock);
+            return NULL;
+        }
+        q->head = job->next;
+        if (!q->head)
+            q->tail = NULL;
+        pthread_mutex_unlock(&q->lock);
+
+        run_job(job);
+
+        job->next = NULL;
+        pthread_mutex_lock(&q->lock);
+        was_empty = q->done_head == NULL;
+        if (was_empty)
+            q->done_head = job;
+        else
+            q->done_tail->next = job;
+        q->done_tail = job;
+        pthread_mutex_unlock(&q->lock);
+        /* the loop reaps the whole list per wake-up: only the first finisher has to wake it */
+        if (was_empty && write(q->eventfd, &one, sizeof(one)) != sizeof(one))
+            abort(); /* an eventfd write fails only on a counter overflow: impossible here */
+    }
+}
+
+struct tkv_queue *tkv_queue_create(int workers)
+{
+    struct tkv_queue *q;
+    int i;
+    if (workers < 1 || workers > TKV_MAX_WORKERS) {
+        errno = EINVAL;
+        return NULL;
+    }
+    q = calloc(1, sizeof(*q));
+    if (!q)
+        return NULL;
+    q->eventfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (q->eventfd < 0) {
+        free(q);
+        return NULL;
+    }
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->wake, NULL);
+    for (i = 0; i < workers; i++) {
+        int rc = pthread_create(&q->threads[i], NULL, serve, q);
+        if (rc != 0) {
+            q->workers = i;
+            tkv_queue_destroy(q);
+            errno = rc;
+            return NULL;
+        }
+    }
+    q->workers = workers;
+    return q;
+}
+
+int tkv_queue_eventfd(struct tkv_queue *q)
+{
+    return q->eventfd;
+}
+
+void tkv_queue_submit(struct tkv_queue *q, struct tkv_job *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&q->lock);
+    if (q->tail)
+        q->tail->next = job;
+    else
+        q->head = job;
+    q->tail = job;
+    pthread_cond_signal(&q->wake);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Finished jobs, oldest first, up to `max` of them; the number written to `ids`. */
+int tkv_queue_reap(struct tkv_queue *q, uint64_t *ids, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&q->lock);
+    while (q->done_head && n < max) {
+        ids[n++] = q->done_head->id;
+        q->done_head = q->done_head->next;
+    }
+    if (!q->done_head)
+        q->done_tail = NULL;
+    pthread_mutex_unlock(&q->lock);
+    return n;
+}
+
+void tkv_queue_destroy(struct tkv_queue *q)
+{
+    int i;
+    pthread_mutex_lock(&q->lock);
+    q->stopping = 1;
+    pthread_cond_broadcast(&q->wake);
+    pthread_mutex_unlock(&q->lock);
+    for (i = 0; i < q->workers; i++)
+        pthread_join(q->threads[i], NULL);
+    close(q->eventfd);
+    pthread_cond_destroy(&q->wake);
+    pthread_mutex_destroy(&q->lock);
+    free(q);
+}

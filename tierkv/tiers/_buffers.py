@@ -1,0 +1,69 @@
+"""Host buffers for `get` results whose memory is reused once the caller lets go of them.
+
+A get returns a buffer the caller owns. Allocating a fresh one per get costs page faults: glibc
+serves a multi-MiB request with a new mapping, or from heap memory that it trimmed back to the
+kernel after the previous free, so every page of the result is faulted in again and zeroed by
+the kernel before the copy writes it (measured: ~160 faults per 4 MiB get at 8 in flight, 4.5 times
+the copy's own time; docs/benchmarks-pmem.md). The recycler keeps the memory of dropped results
+and hands it out again, untouched by the kernel.
+
+How ownership works: `take` returns a numpy *view* of a backing array; a `weakref.finalize` on
+the view puts the backing array back on the free list when the view is collected, which with
+CPython's reference counting is the moment the last user of the result (its memoryview, a
+tensor or array made from it) drops it. Nothing is recycled while anything still refers to the
+result. Retention is bounded: at most `retain_bytes` of free memory are kept, the rest is
+released to the allocator as usual. Buckets are by exact size (cached blocks come in few sizes).
+
+Not thread-safe by itself: `take` runs on the event loop; a finalizer may run on any thread that
+drops the last reference, so the free lists are guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import defaultdict
+
+import numpy as np
+import numpy.typing as npt
+
+#: results below this size come from the allocator's small-object pools anyway
+MIN_RECYCLED = 64 << 10
+
+
+class BufferRecycler:
+    """See the module docstring."""
+
+    def __init__(self, retain_bytes: int) -> None:
+        self._retain = retain_bytes
+        self._free: defaultdict[int, list[npt.NDArray[np.uint8]]] = defaultdict(list)
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0
+
+    def take(self, nbytes: int) -> npt.NDArray[np.uint8]:
+        """An uninitialised uint8 array of `nbytes` the caller owns (see the module docstring)."""
+        if nbytes < MIN_RECYCLED:
+            return np.empty(nbytes, dtype=np.uint8)
+        backing = None
+        with self._lock:
+            bucket = self._free.get(nbytes)
+            if bucket:
+                backing = bucket.pop()
+                self._free_bytes -= nbytes
+                self.reused += 1
+        if backing is None:
+            backing = np.empty(nbytes, dtype=np.uint8)
+        view = backing.view()
+        weakref.finalize(view, self._give_back, backing)
+        return view
+
+    def _give_back(self, backing: npt.NDArray[np.uint8]) -> None:
+        with self._lock:
+            if self._free_bytes + backing.nbytes <= self._retain:
+                self._free[backing.nbytes].append(backing)
+                self._free_bytes += backing.nbytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free_bytes

@@ -1,0 +1,228 @@
+"""The pmem tier's native copy paths (tierkv/_native/pmem_copy.c), bound with ctypes.
+
+`put` is one C call that runs ``pmemobj_xalloc`` with a C constructor: it hashes the payload and
+streams it into the new allocation chunk by chunk, writes the record prefix and the header (whose
+checksum it has just learnt) and persists the record once, all before PMDK publishes it, so the
+crash guarantees of the Python path hold unchanged. `copy_verified` copies a payload out of the
+pool and checks its checksum in the same pass. Neither touches the GIL for the whole copy, and
+neither holds any Python object: the put's inputs are kept alive by the `NativePut` the caller
+holds until the call returns.
+
+The library is built at install time (setup.py) and is optional: `load` returns ``None`` when it
+is absent and the tier keeps its Python path (`_pmem_copy`), saying so in `stats`/`describe`.
+PMDK's functions are handed to the library as pointers from the binding already loaded
+(`_pmemobj.library`), so it links against nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import logging
+from pathlib import Path
+
+import tierkv._native
+from tierkv.errors import DeviceError
+from tierkv.formats.header import HeaderParts
+from tierkv.tiers import _pmemobj as pmemobj
+
+log = logging.getLogger(__name__)
+
+LIBRARY_STEM = "pmem_copy"
+
+
+class _Api(ctypes.Structure):
+    """``struct tkv_pmem_api``: the PMDK entry points the C constructor calls."""
+
+    _fields_ = (
+        ("xalloc", ctypes.c_void_p),
+        ("persist", ctypes.c_void_p),
+        ("pmem_memcpy", ctypes.c_void_p),
+        ("pmem_drain", ctypes.c_void_p),
+        ("errormsg", ctypes.c_void_p),
+    )
+
+
+class _Put(ctypes.Structure):
+    """``struct tkv_put``: one put's inputs, and what the constructor reports back."""
+
+    _fields_ = (
+        ("api", ctypes.c_void_p),
+        ("pop", ctypes.c_void_p),
+        ("type_num", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
+        ("prefix", ctypes.c_char_p),
+        ("prefix_len", ctypes.c_size_t),
+        ("magic", ctypes.c_char_p),
+        ("body_head", ctypes.c_char_p),
+        ("body_head_len", ctypes.c_size_t),
+        ("body_tail", ctypes.c_char_p),
+        ("body_tail_len", ctypes.c_size_t),
+        ("payload", ctypes.c_void_p),
+        ("payload_len", ctypes.c_size_t),
+        ("payload_sum", ctypes.c_uint64),
+        ("payload_offset", ctypes.c_uint64),
+        ("address", ctypes.c_uint64),
+    )
+
+
+OP_PUT = 1
+OP_GET = 2
+
+
+class Job(ctypes.Structure):
+    """``struct tkv_job``: one put or get queued to the library's worker threads."""
+
+    _fields_ = (
+        ("id", ctypes.c_uint64),
+        ("op", ctypes.c_uint32),
+        ("status", ctypes.c_int32),
+        ("error", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+        ("put", ctypes.c_void_p),
+        ("oid", pmemobj.PMEMoid),
+        ("dest", ctypes.c_void_p),
+        ("src", ctypes.c_void_p),
+        ("len", ctypes.c_size_t),
+        ("expected", ctypes.c_uint64),
+        ("next", ctypes.c_void_p),
+        ("message", ctypes.c_char * 256),
+    )
+
+
+#: bytes of a record besides prefix, header parts and payload: the header's fixed prefix (20)
+#: and the widest msgpack encoding of the checksum (9), where the C code puts the payload first
+HEADER_FIXED = 20
+WIDEST_CHECKSUM = 9
+
+
+#: what a native put reports: (oid, record address, payload offset, payload checksum)
+Outcome = tuple[pmemobj.Oid, int, int, int]
+
+
+class NativePut:
+    """One prepared put (on the loop); `run` it on the copy thread. It owns every buffer the C
+    code reads (`parts`, `prefix`, the caller's `payload` view) until `run` returns."""
+
+    __slots__ = ("_args", "_keep", "_lib", "record_size")
+
+    def __init__(self, lib: NativeCopies, pool_handle: int, *, prefix: bytes,
+                 parts: HeaderParts, payload_address: int, payload_len: int, type_num: int,
+                 keep: object) -> None:
+        self._lib = lib
+        self._keep = (prefix, parts, keep)
+        self._args = _Put(
+            ctypes.addressof(lib.api), pool_handle, type_num, 0, prefix, len(prefix),
+            parts.lead, parts.head, len(parts.head), parts.tail, len(parts.tail),
+            payload_address, payload_len, 0, 0, 0)
+        self.record_size = (len(prefix) + HEADER_FIXED + len(parts.head) + WIDEST_CHECKSUM
+                            + len(parts.tail) + payload_len)
+
+    def set_flags(self, flags: int) -> None:
+        """``pmemobj_xalloc``'s flags (the allocation class), once `record_size` has chosen it."""
+        self._args.flags = flags
+
+    def run(self, pool: pmemobj.Pool) -> Outcome:
+        """Allocate and fill the record: (oid, address, payload offset, payload checksum).
+
+        A failing allocation raises `DeviceError` (errno ``ENOMEM``: the pool is full), as
+        `pmemobj.Pool.alloc` does; nothing is allocated then.
+        """
+        oid = pmemobj.PMEMoid()
+        if self._lib.put(ctypes.byref(self._args), ctypes.byref(oid)) != 0:
+            raise pool.failure(self.what)
+        return self.outcome(oid)
+
+    @property
+    def what(self) -> str:
+        return f"pmemobj_xalloc({self.record_size} bytes)"
+
+    @property
+    def address(self) -> int:
+        """The address of the C structure, for a queued job (`_pmem_queue`)."""
+        return ctypes.addressof(self._args)
+
+    def outcome(self, oid: pmemobj.PMEMoid) -> Outcome:
+        """What `run` returns, once the C code has filled the record allocated as `oid`."""
+        args = self._args
+        return (pmemobj.Oid(oid.pool_uuid_lo, oid.off), int(args.address),
+                int(args.payload_offset), int(args.payload_sum))
+
+
+class NativeCopies:
+    """The loaded library (see the module docstring); one per process, from `load`."""
+
+    def __init__(self, library: ctypes.CDLL, pmdk: pmemobj.Lib) -> None:
+        self.path = Path(library._name)
+        address = functools.partial(ctypes.cast, typ=ctypes.c_void_p)
+        self.api = _Api(
+            address(pmdk.obj.pmemobj_xalloc).value,
+            address(pmdk.obj.pmemobj_persist).value,
+            address(pmdk.pmem.pmem_memcpy).value,
+            address(pmdk.pmem.pmem_drain).value,
+            address(pmdk.obj.pmemobj_errormsg).value,
+        )
+        self.put = library.tkv_pmem_put
+        self.put.restype = ctypes.c_int
+        self.put.argtypes = (ctypes.POINTER(_Put), ctypes.POINTER(pmemobj.PMEMoid))
+        self._copy_verified = library.tkv_copy_verified
+        self._copy_verified.restype = ctypes.c_int
+        self._copy_verified.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_uint64)
+        # submit and reap take a mutex that workers hold for a list append: they keep the GIL
+        held = ctypes.PyDLL(str(self.path))
+        self.queue_create = library.tkv_queue_create
+        self.queue_create.restype = ctypes.c_void_p
+        self.queue_create.argtypes = (ctypes.c_int,)
+        self.queue_eventfd = held.tkv_queue_eventfd
+        self.queue_eventfd.restype = ctypes.c_int
+        self.queue_eventfd.argtypes = (ctypes.c_void_p,)
+        self.queue_submit = held.tkv_queue_submit
+        self.queue_submit.restype = None
+        self.queue_submit.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+        self.queue_reap = held.tkv_queue_reap
+        self.queue_reap.restype = ctypes.c_int
+        self.queue_reap.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int)
+        self.queue_destroy = library.tkv_queue_destroy
+        self.queue_destroy.restype = None
+        self.queue_destroy.argtypes = (ctypes.c_void_p,)
+        self.write_header = library.tkv_write_header  # the constructor's last step, for tests
+        self.write_header.restype = ctypes.c_size_t
+        self.write_header.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
+        self._xxh3 = library.tkv_xxh3_64
+        self._xxh3.restype = ctypes.c_uint64
+        self._xxh3.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+
+    def copy_verified(self, dest: int, source: int, nbytes: int, checksum: int) -> bool:
+        """Copy `nbytes` from `source` to `dest`; True when they hash to `checksum`."""
+        return bool(self._copy_verified(dest, source, nbytes, checksum))
+
+    def xxh3_64(self, address: int, nbytes: int) -> int:
+        """The library's xxh3-64 of `nbytes` at `address` (tests compare it with Python's)."""
+        return int(self._xxh3(address, nbytes))
+
+
+def library_path() -> Path | None:
+    """The built library in the package, or ``None`` when it was not built."""
+    folder = Path(tierkv._native.__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = folder / f"{LIBRARY_STEM}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@functools.cache
+def load() -> NativeCopies | None:
+    """The native copy paths, or ``None`` (logged once) when the library is not built."""
+    path = library_path()
+    if path is None:
+        log.warning("the native pmem copy library is not built (needs gcc and libxxhash-dev at "
+                    "install time: scripts/setup); the pmem tier uses its slower Python path")
+        return None
+    try:
+        library = ctypes.CDLL(str(path), use_errno=True)
+    except OSError as exc:
+        raise DeviceError(f"{path} cannot be loaded: {exc}") from None
+    return NativeCopies(library, pmemobj.library())
