@@ -28,6 +28,7 @@ struct tkv_queue {
     struct tkv_job *head, *tail;           /* submitted, not yet taken */
     struct tkv_job *done_head, *done_tail; /* finished, not yet reaped */
     int stopping;
+    int sleepers; /* workers waiting on `wake`: a submit signals only when one is */
     int eventfd;
     int workers;
     pthread_t threads[TKV_MAX_WORKERS];
@@ -59,8 +60,11 @@ static void *serve(void *arg)
 
     for (;;) {
         pthread_mutex_lock(&q->lock);
-        while (!q->head && !q->stopping)
+        while (!q->head && !q->stopping) {
+            q->sleepers++;
             pthread_cond_wait(&q->wake, &q->lock);
+            q->sleepers--;
+        }
         job = q->head;
         if (!job) {
             pthread_mutex_unlock(&q->lock);
@@ -133,7 +137,9 @@ void tkv_queue_submit(struct tkv_queue *q, struct tkv_job *job)
     else
         q->head = job;
     q->tail = job;
-    pthread_cond_signal(&q->wake);
+    /* a busy worker takes the job when it is done with its own: no futex call on the loop */
+    if (q->sleepers)
+        pthread_cond_signal(&q->wake);
     pthread_mutex_unlock(&q->lock);
 }
 

@@ -82,6 +82,11 @@ LARGE_COPY = 64 << 10
 #: were no faster than one with 8 requests in flight, and gets were slower (three threads
 #: contending for the GIL and two cores; docs/benchmarks-pmem.md)
 COPY_THREADS = 1
+#: worker threads of the native library. Its workers never take the GIL, so unlike the Python
+#: copy threads two of them scale on the 2-vCPU test VM: with 8 requests in flight, 4 MiB gets
+#: went from 0.50 to 0.81-0.84 of memcpy and 256 KiB ones from 0.41 to 0.82 (one run, A/B/A;
+#: docs/benchmarks-pmem.md)
+NATIVE_WORKERS = 2
 #: memory of dropped get results kept for reuse (`_buffers`): 8 requests in flight of 4 MiB,
 #: twice over
 RETAINED_RESULTS = 64 << 20
@@ -138,7 +143,7 @@ class PmemTier(Tier):
             raise
         self._copy_threads = copier
         if self._native is not None:
-            self._native_queue = NativeQueue(self._native, loop, COPY_THREADS)
+            self._native_queue = NativeQueue(self._native, loop, NATIVE_WORKERS)
         return recovered
 
     async def _close(self) -> None:
