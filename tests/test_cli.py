@@ -68,3 +68,13 @@ def test_bench_gpu_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
     for row in document["rows"]:
         assert row["measured"] > 0
     assert document["results"]["l1_get_4k"]["gets_per_s"] > 0
+
+
+def test_info_names_the_pmem_copy_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "devices.toml"
+    config.write_text(f'[[tiers]]\nkind = "pmem"\nname = "l2"\ncapacity = "64MiB"\n'
+                      f'path = "{tmp_path / "l2.pool"}"\n')
+    assert main(["info", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "copies: native (pmem_copy" in out  # scripts/setup builds the library
+    assert not (tmp_path / "l2.pool").exists()  # info creates nothing

@@ -14,6 +14,7 @@ from tierkv.config import PmemTierConfig
 from tierkv.errors import DeviceError
 from tierkv.formats import pmem_layout as layout
 from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers._pmem_native import library_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,9 @@ def probe(config: PmemTierConfig) -> dict[str, str]:
         info["library"] = f"{pmemobj.LIBPMEMOBJ} and {pmemobj.LIBPMEM} loaded"
     except DeviceError as exc:
         info["library"] = str(exc)
+    native = library_path()
+    info["copies"] = (f"native ({native.name})" if native is not None
+                      else "python (the native copy library is not built; scripts/setup builds it)")
     found = layout.inspect_pool(config.path)
     if found.kind is layout.PoolFile.ABSENT:
         info["pool"] = (f"absent; open creates {layout.pool_size_for(config.capacity)} bytes "
