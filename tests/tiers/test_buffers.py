@@ -51,3 +51,19 @@ def test_small_results_are_plain_arrays() -> None:
     assert small.base is None and small.nbytes == MIN_RECYCLED - 1
     del small
     assert recycler.free_bytes == 0
+
+
+def test_a_tensor_made_from_a_result_keeps_its_memory() -> None:
+    """The engine decodes tensors with `torch.frombuffer`, which must hold the result alive."""
+    import torch
+
+    recycler = BufferRecycler(4 * SIZE)
+    result = recycler.take(SIZE)
+    address = result.ctypes.data
+    tensor = torch.frombuffer(result.data, dtype=torch.uint8)
+    del result
+    gc.collect()
+    assert recycler.take(SIZE).ctypes.data != address
+    assert tensor.data_ptr() == address
+    del tensor
+    assert recycler.take(SIZE).ctypes.data == address
