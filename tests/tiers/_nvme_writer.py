@@ -10,6 +10,8 @@ after each flush; runs until killed.
 ``fsize DIR BACKEND LIMIT``: lowers RLIMIT_FSIZE to LIMIT bytes (writes past it fail with EFBIG,
 a real error from the kernel's write path), puts until a region write fails and prints
 ``DEVICE_ERROR <errno>`` when flush raises `DeviceError`.
+``supersede DIR BACKEND CASE``: a region write fails after the region got a tombstone and an
+overwrite of keys flushed in an older region (see `supersede`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for
+from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for
 from tierkv.config import NvmeBackend, RegionEviction
 from tierkv.errors import DeviceError
+from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
 from tierkv.tiers.nvme import NvmeTier
 
 
@@ -105,12 +108,67 @@ async def fsize(directory: Path, backend: NvmeBackend, limit: int) -> None:
     await tier.close()
 
 
+#: the keys of the supersede scenario: a deleted one and an overwritten one, both first written
+#: (and flushed) in region 1, which stays on media
+DELETED, OVERWRITTEN = 1000, 1001
+NEW_VALUE = b"the new value" * 100
+
+
+async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
+    """Four 1 MiB regions; writes to region 3 fail (RLIMIT_FSIZE, EFBIG). Regions 0-2 are filled
+    and flushed, `DELETED` and `OVERWRITTEN` in region 1; region 3, the head, then gets the
+    tombstone of `DELETED` and the new version of `OVERWRITTEN`. ``sealed``: region 3 is filled,
+    its write fails, a reclaim takes region 0 for the head; a flush raises, prints
+    ``FLUSH_FAILED <errno>`` and the writer waits to be killed. ``close``: the tier is closed
+    with region 3 still the head (its write fails at close's flush); prints ``CLOSED``.
+    """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    limit = SUPERBLOCK_SIZE + 3 * REGION
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    tier = NvmeTier(nvme_config(directory, backend=backend, reinsert_hits=0))
+    await tier.open()
+
+    async def put(i: int, data: bytes) -> None:
+        await tier.put(key(i), meta_of(data), memoryview(data))
+
+    # 5000-byte payloads take two 4 KiB blocks, 17000 bytes five: region 0 takes entries 0-126
+    # (255 of its 256 blocks), region 1 the two keys and 127-251, region 2 252-376 and 377
+    # (all 256 blocks), so that the tombstone (one block) opens region 3
+    for i in range(127):
+        await put(i, payload_for(i, 5000))
+    for i in (DELETED, OVERWRITTEN):
+        await put(i, payload_for(i, 5000))
+    for i in range(127, 377):
+        await put(i, payload_for(i, 5000))
+    await put(377, payload_for(377, 17000))
+    await tier.flush()  # regions 0-2 on media
+    assert tier.stats()["regions_free"] == 1
+    assert await tier.delete(key(DELETED))
+    await put(OVERWRITTEN, NEW_VALUE)
+    assert tier.stats()["regions_free"] == 0  # region 3 is the head
+    if case == "close":
+        await tier.close()
+        print("CLOSED", flush=True)
+        return
+    for i in range(1000 + 10, 1000 + 10 + 130):  # fill region 3: it is sealed and written
+        await put(i, payload_for(i, 5000))
+    try:
+        await tier.flush()
+    except DeviceError as exc:
+        print("FLUSH_FAILED", getattr(exc, "errno", 0), flush=True)
+    else:
+        print("NO_ERROR", flush=True)
+    await asyncio.sleep(3600)
+
+
 def main() -> None:
     mode, directory, backend = sys.argv[1], Path(sys.argv[2]), NvmeBackend(sys.argv[3])
     if mode == "crash":
         asyncio.run(crash(directory, backend))
     elif mode == "lru":
         asyncio.run(lru(directory, backend, int(sys.argv[4])))
+    elif mode == "supersede":
+        asyncio.run(supersede(directory, backend, sys.argv[4]))
     else:
         asyncio.run(fsize(directory, backend, int(sys.argv[4])))
 

@@ -62,8 +62,9 @@ class CheckpointIO(RegionWrites):
             region.last_access = r.last_access
             region.shadows = set(r.shadows)
             self._tick = max(self._tick, r.last_access)
-        sealed = {r.index for r in ckpt.regions}
-        if any(not self._regions[i].shadows <= sealed for i in sealed):
+        # a sealed region may shadow a FREE one: a region whose write failed, part of which may
+        # still be on media (see `RegionWrites._drop_failed`); it is reused first after open
+        if any(i >= self._region_count for r in ckpt.regions for i in r.shadows):
             raise CorruptObjectError("checkpoint region shadows an impossible region")
         for e in ckpt.entries:
             if e.region >= self._region_count:

@@ -12,7 +12,13 @@ import asyncio
 
 from tierkv.config import RegionEviction
 from tierkv.errors import CorruptObjectError, DeviceError
-from tierkv.formats.header import ObjectHeader, decode_header, verify_payload
+from tierkv.formats.header import (
+    ObjectHeader,
+    checksum,
+    decode_header,
+    encode_header,
+    verify_payload,
+)
 from tierkv.formats.nvme_layout import (
     PREFIX,
     TOMBSTONE,
@@ -21,7 +27,7 @@ from tierkv.formats.nvme_layout import (
     encode_region_header,
     entry_size,
 )
-from tierkv.formats.value import ObjectMeta
+from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers._nvme_index import Location
 from tierkv.tiers._nvme_regions import Region, RegionState
 from tierkv.tiers._nvme_state import log
@@ -56,12 +62,45 @@ class RegionLog(RegionWrites):
         if head.used - head.durable >= WRITE_CHUNK:
             self._write_behind(head, whole_chunks=True)  # keep the device busy meanwhile
         if flags & TOMBSTONE:
+            head.supersedes.add(key)
             # the region of the deleted entry may have been reclaimed by the rotation above
             if shadowed is not None and self._regions[shadowed[0].region].seq == shadowed[1]:
                 self._shadow(head, shadowed[0])
         else:
             self._insert(key, head, offset=at, length=size, meta=meta, hits=hits)
         return dropped
+
+    async def _settle_superseded(self) -> None:
+        """Tombstone again, in the head, what failed region writes had superseded; under `_lock`.
+
+        A key stored again since needs no tombstone (its new record is newer than every older
+        one): its region inherits the wait instead. A region reused since whose new header is
+        still in flight is waited for first: once that header is on media its old records are
+        stale, if it fails they are not (`_inherit`). Keys a reclaim drops here are returned by
+        the next `put`. A failure of the region these tombstones go to queues them again.
+        """
+        batch, self._superseded = self._superseded, []
+        for item in batch:
+            while any(self._header_pending(index, seq) for index, seq in item.regions):
+                self._changed.clear()
+                await self._changed.wait()
+            for key in sorted(item.keys):
+                loc = self._index.get(key)
+                if loc is not None:
+                    self._inherit(self._regions[loc.region], item.regions)
+                    continue
+                tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, 0)
+                header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
+                size = entry_size(len(header), 0, self._align)
+                self._lost.extend(await self._append(key, tomb, header, payload=b"",
+                                                     flags=TOMBSTONE, size=size))
+                assert self._head is not None  # the region the tombstone went to
+                self._inherit(self._head, item.regions)
+
+    def _header_pending(self, index: int, seq: int) -> bool:
+        region = self._regions[index]
+        return (region.seq != seq and region.state is not RegionState.FREE
+                and not region.header_written and region.failed is None)
 
     async def _rotate(self) -> list[bytes]:
         """Seal the head (write it in the background) and open a new head region."""
@@ -74,7 +113,10 @@ class RegionLog(RegionWrites):
             task.add_done_callback(self._sealing.discard)
         dropped: list[bytes] = []
         hot: list[tuple[bytes, ObjectMeta, bytes, bytes]] = []
-        free = next((r for r in self._regions if r.state is RegionState.FREE), None)
+        # `_reuse_failed` is False for close's last flush: a region whose write failed (perhaps a
+        # bad area) is then reused only when no victim can be reclaimed (see `_reclaim`)
+        free = next((r for r in self._regions if r.state is RegionState.FREE
+                     and (self._reuse_failed or r.failed is None)), None)
         if free is None:
             region, hot, dropped = await self._reclaim()
         else:
@@ -88,6 +130,7 @@ class RegionLog(RegionWrites):
         ).ljust(self._align, b"\0")
         region.used, region.durable, region.live = self._align, self._align, 0
         region.failed, region.header_written = None, False
+        region.supersedes = set()
         # The new header (new seq) makes the region's old records stale on media, so a crash can
         # never bring back what a reclaim dropped; only once it is written may regions
         # superseding those records be reclaimed in turn. It is written in the background, first
@@ -121,6 +164,11 @@ class RegionLog(RegionWrites):
                        if r.state is RegionState.SEALED and r.readers == 0 and not r.shadows]
             if victims:
                 break
+            # Failed writes can leave every sealed region waiting for a FREE one (a region
+            # shadowing a failed region waits for its reuse): reuse it then.
+            spare = next((r for r in self._regions if r.state is RegionState.FREE), None)
+            if spare is not None:
+                return spare, [], []
             self._changed.clear()
             await self._changed.wait()
         if self.config.eviction is RegionEviction.LRU:

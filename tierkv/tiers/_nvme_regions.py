@@ -35,3 +35,27 @@ class Region:
     # This region is reclaimed only once they are gone, or a scan after a crash would find the
     # older record with nothing newer and bring it back.
     shadows: set[int] = field(default_factory=set)
+    # Keys whose older records (in an older region, or earlier in this one) a record here
+    # supersedes: its tombstones and cross-region overwrites. Kept only until the region is
+    # durably written (emptied once SEALED): if its write fails, they are tombstoned again
+    # (`Superseded`), else a scan would bring the older records back.
+    supersedes: set[bytes] = field(default_factory=set)
+
+
+#: the seq `Superseded` names an earlier use of a region by (no use has it)
+EARLIER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class Superseded:
+    """What a region whose write failed had superseded, to be tombstoned again in the head.
+
+    `keys`: its `Region.supersedes` and the keys it held (their older versions, in older regions
+    or in what of it reached the media, must not resurface). `regions`: ``(index, seq)`` of the
+    regions that may still hold older records of them on media (its own shadows and itself;
+    seq `EARLIER` for a use before the region's current one); the region holding the new
+    tombstones must not be reclaimed before them.
+    """
+
+    keys: frozenset[bytes]
+    regions: tuple[tuple[int, int], ...]

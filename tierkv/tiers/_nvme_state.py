@@ -21,7 +21,7 @@ from tierkv.tiers._aligned import AlignedPool
 from tierkv.tiers._blockio import BlockIO
 from tierkv.tiers._nvme_device import Device
 from tierkv.tiers._nvme_index import Location, NvmeIndex
-from tierkv.tiers._nvme_regions import Region
+from tierkv.tiers._nvme_regions import Region, RegionState, Superseded
 
 #: the records of every layer keep the tier's logger name, as before the tier was split up
 log = logging.getLogger("tierkv.tiers.nvme")
@@ -47,6 +47,8 @@ class NvmeTierState:
     _sealing: set[asyncio.Task[None]]
     _changed: asyncio.Event
     _lost: list[bytes]
+    _superseded: list[Superseded]
+    _reuse_failed: bool
     _write_error: DeviceError | None
     _recovered_from: str
     _live: int
@@ -73,6 +75,8 @@ class NvmeTierState:
             self._regions[old.region].live -= old.length
             self._live -= old.length
             self._shadow(region, old)
+            if old.region != region.index and region.state is RegionState.HEAD:
+                region.supersedes.add(key)
         region.live += length
         self._live += length
 
@@ -81,11 +85,20 @@ class NvmeTierState:
         if old is not None and old.region != region.index:
             region.shadows.add(old.region)
 
-    def _unshadow(self, gone: Region) -> None:
-        """`gone`'s records no longer exist on media: nothing needs to outlive it any more."""
-        gone.shadows.clear()
-        for region in self._regions:
-            region.shadows.discard(gone.index)
+    def _inherit(self, target: Region, regions: tuple[tuple[int, int], ...]) -> None:
+        """`target` now holds the newest record of keys that `regions` (``(index, seq)``) may
+        still hold older records of (see `Superseded`): it waits for those regions too.
+
+        A region reused since (another seq, or `EARLIER`) counts only when its new header
+        failed: once that header is on media its old records are stale. One whose header is
+        still in flight is skipped here; `_settle_superseded` waits for it first.
+        """
+        for index, seq in regions:
+            other = self._regions[index]
+            if index != target.index and (
+                other.seq == seq or (not other.header_written and other.failed is not None)
+            ):
+                target.shadows.add(index)
 
     def _forget(self, key: bytes) -> Location | None:
         old = self._index.remove(key)

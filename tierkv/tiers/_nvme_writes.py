@@ -12,7 +12,7 @@ import itertools
 
 from tierkv.errors import DeviceError
 from tierkv.tiers._aligned import AlignedBuffer
-from tierkv.tiers._nvme_regions import Region, RegionState
+from tierkv.tiers._nvme_regions import EARLIER, Region, RegionState, Superseded
 from tierkv.tiers._nvme_state import NvmeTierState, log
 
 #: write-behind piece size, also the device-offset multiple the pieces are cut at
@@ -29,33 +29,71 @@ class RegionWrites(NvmeTierState):
         except DeviceError as exc:
             if region.failed is None:
                 region.failed = exc  # the old header stands: `waiting` keep waiting
-            return
-        region.header_written = True
-        for other in waiting:
-            other.shadows.discard(region.index)
-        self._changed.set()
+        else:
+            region.header_written = True
+            for other in waiting:
+                other.shadows.discard(region.index)
+        self._changed.set()  # `_settle_superseded` may wait for either outcome
 
     async def _write_sealed(self, region: Region) -> None:
         try:
             await self._drain_writes(region)
         except DeviceError as exc:
             log.error("%s: writing region %d failed: %s", self.name, region.index, exc)
-            self._write_error = exc
-            lost = self._index.keys_in_region(region.index)
-            for key in lost:
-                self._forget(key)
-            self._lost.extend(lost)
-            region.state = RegionState.FREE
-            if region.header_written:  # else its old records may still be on media
-                self._unshadow(region)
+            self._drop_failed(region, exc)
         else:
             region.state = RegionState.SEALED
+            region.supersedes = set()  # its records now supersede on media (a new set frees it)
         finally:
             if region.buffer is not None:
                 self._pool.release(region.buffer)
                 region.buffer = None
             self._seal_slots.release()
             self._changed.set()
+
+    def _drop_failed(self, region: Region, exc: DeviceError) -> None:
+        """`region`'s write failed: drop its entries, queue tombstones for what it superseded.
+
+        Its entries' keys are returned by the next `put`. What it superseded (its tombstones and
+        overwrites, and its own entries, part of which may have reached the media) would come
+        back from older records at a scan, so those keys are queued (`Superseded`) to be
+        tombstoned again in the head by the next operation under the lock; keys stored again
+        meanwhile make their new region wait for the older ones at once. Regions shadowing
+        `region` keep waiting until its next header is written: what of this use reached the
+        media stays valid for a scan until then. The region becomes FREE; the caller releases
+        its buffer.
+        """
+        self._write_error = exc
+        lost = self._index.keys_in_region(region.index)
+        for key in lost:
+            self._forget(key)
+        self._lost.extend(lost)
+        keys = frozenset(region.supersedes.union(lost))
+        if keys:
+            # a shadowed region reused since this one opened (a newer seq) is named by EARLIER:
+            # its earlier use holds the records, stale once the new use's header is on media
+            older = {(index, seq if seq < region.seq else EARLIER)
+                     for index in region.shadows for seq in (self._regions[index].seq,)}
+            older.add((region.index, region.seq))
+            item = Superseded(keys, tuple(sorted(older)))
+            self._superseded.append(item)
+            for key in keys:
+                loc = self._index.get(key)
+                if loc is not None:
+                    self._inherit(self._regions[loc.region], item.regions)
+        region.shadows, region.supersedes = set(), set()
+        region.state = RegionState.FREE
+
+    def _retire_head(self, head: Region, exc: DeviceError) -> None:
+        """The head's write failed at a flush (its writes are all done): drop it like a sealed
+        region whose write failed, so that a later flush can succeed in a fresh head."""
+        log.error("%s: writing head region %d failed: %s", self.name, head.index, exc)
+        self._drop_failed(head, exc)
+        if head.buffer is not None:
+            self._pool.release(head.buffer)
+            head.buffer = None
+        self._head = None
+        self._changed.set()
 
     async def _write_buffer(self, region: Region, start: int, end: int, *,
                             urgent: bool = False) -> None:
@@ -111,5 +149,6 @@ class RegionWrites(NvmeTierState):
             self._pool.release(head.buffer)
             head.buffer = None
         head.state = RegionState.SEALED
+        head.supersedes = set()
         self._head = None
 

@@ -32,13 +32,29 @@ eligible, so LRU degrades towards FIFO only under heavy overwriting), and a regi
 reuse gets its new header written first of its writes (in the background, not holding puts),
 which makes its old records stale for the scan; regions superseding those records become
 reclaimable only once that write has completed.
+A failed region write does not void that guarantee: the region's records never reached the media
+(or only part of them did), so the older records they superseded would come back at a scan. Each
+region therefore keeps, until it is durably written, the keys it supersedes (`Region.supersedes`:
+its tombstones and cross-region overwrites); when its write fails, those keys and the keys of its
+own entries are tombstoned again in the head by the next put, delete or flush (a key stored
+again meanwhile needs none: its new region inherits the wait instead), and the region holding
+those tombstones waits for the older regions and for the failed one (`Superseded`). So after a
+failed write, the next flush that succeeds makes sure that no deleted, overwritten or dropped
+entry comes back.
+A head whose write fails at `flush()` is dropped the same way (its keys are returned by the next
+`put`) and the next put opens a fresh head; `close()` flushes once more after a failure, then
+reclaiming a victim rather than reusing a region whose write failed. A region whose write failed
+keeps regions shadowing it waiting until its next header is written (what reached the media of
+its failed use is valid for a scan until then); a reclaim finding no eligible victim takes such
+a free region, so the oldest sealed region waiting only for it cannot stall puts.
 When free regions cannot hold the checkpoint at close (or writing it fails), none is recorded
 and the next open scans.
 
 Concurrency: every coroutine may run concurrently on one event loop; appends, deletes and
 reclaims are serialised by one `asyncio.Lock`, reads are not. Errors: `DeviceError` (with
 `errno`) when the device fails an operation; a failed background region write drops that region's
-entries (their keys are returned by the next `put`) and `flush()` raises it.
+entries (their keys are returned by the next `put`) and `flush()` raises it; so does a failed
+write of the head at `flush()`, which drops the head (see Recovery).
 
 Code: `NvmeTier` keeps the public surface, open/close and the data path; it inherits its layers
 from private modules: shared state (`_nvme_state`), write-behind (`_nvme_writes`), the append
@@ -72,7 +88,7 @@ from tierkv.tiers._nvme_device import Device, make_backend, open_device
 from tierkv.tiers._nvme_index import NvmeIndex
 from tierkv.tiers._nvme_log import RegionLog
 from tierkv.tiers._nvme_recovery import NvmeRecovery
-from tierkv.tiers._nvme_regions import Region, RegionState
+from tierkv.tiers._nvme_regions import Region, RegionState, Superseded
 from tierkv.tiers._nvme_state import log
 from tierkv.tiers.base import RecoveredObject, Tier, TierKind
 
@@ -111,6 +127,8 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         self._sealing: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._lost: list[bytes] = []
+        self._superseded: list[Superseded] = []
+        self._reuse_failed = True
         self._write_error: DeviceError | None = None
         self._recovered_from = "new"
         self._live = 0
@@ -166,11 +184,7 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
 
     async def _close(self) -> None:
         try:
-            try:
-                await self._flush()
-            except DeviceError as exc:
-                log.error("%s: flush at close failed (%s); no checkpoint written", self.name, exc)
-            else:
+            if await self._flush_at_close():
                 try:
                     await self._write_checkpoint()
                 except DeviceError as exc:
@@ -179,6 +193,28 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
                     log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
         finally:
             await self._release()
+
+    async def _flush_at_close(self) -> bool:
+        """Flush; after a failure once more. True when a flush succeeded.
+
+        A failed region write drops that region's entries and queues tombstones for what it
+        superseded; the second flush writes those into another region, so that a scan at the
+        next open cannot bring the superseded records back. To that end it reclaims a victim
+        rather than reuse a region whose write failed.
+        """
+        try:
+            await self._flush()
+            return True
+        except DeviceError as exc:
+            log.error("%s: flush at close failed (%s); flushing once more", self.name, exc)
+        self._reuse_failed = False
+        try:
+            await self._flush()
+        except DeviceError as exc:
+            log.error("%s: flush at close failed again (%s); no checkpoint written, and a scan "
+                      "may bring back entries the failed writes superseded", self.name, exc)
+            return False
+        return True
 
     async def _release(self) -> None:
         if self._sealing:
@@ -211,6 +247,8 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         if size > self._max_entry():
             raise TierFullError(f"{self.name}: an entry of {size} bytes does not fit a region")
         async with self._lock:
+            if self._superseded:
+                await self._settle_superseded()
             dropped = await self._append(key, meta, header, payload=view, flags=0, size=size)
             if self._lost:
                 dropped.extend(self._lost)
@@ -241,6 +279,8 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
     async def delete(self, key: bytes) -> bool:
         self._check_open()
         async with self._lock:
+            if self._superseded:
+                await self._settle_superseded()
             meta = self._index.meta(key)
             if meta is None:
                 return False
@@ -269,10 +309,17 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         async with self._lock:
             if self._sealing:
                 await asyncio.gather(*self._sealing, return_exceptions=True)
+            if self._superseded:  # one pass: failures of the regions it writes wait for the next
+                await self._settle_superseded()
+                if self._sealing:
+                    await asyncio.gather(*self._sealing, return_exceptions=True)
             _d, io, _sb = self._dev_io()
             head = self._head
             if head is not None:
-                await self._drain_writes(head)
+                try:
+                    await self._drain_writes(head)
+                except DeviceError as exc:
+                    self._retire_head(head, exc)  # sets `_write_error`
             await io.sync()
             error, self._write_error = self._write_error, None
         if error is not None:
