@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import shutil
 from pathlib import Path
@@ -19,8 +20,10 @@ from tierkv.bench.nvme import (
     _Pair,
     _pair_row,
     _Plan,
+    _Round,
     _round,
     _tier_run,
+    _with_files,
     run_nvme_bench,
 )
 from tierkv.errors import ConfigError
@@ -92,3 +95,34 @@ async def test_rounds_flank_the_tier_run_and_alternate(tmp_path: Path) -> None:
         assert r.tier["write_bytes_per_s"] > 0 and r.tier["read_bytes_per_s"] > 0
         assert r.tier["objects"] == _fill_count(path, 64 * KiB, plan)
     path.unlink()
+
+
+async def test_files_run_beside_each_tier_round_alternating(tmp_path: Path) -> None:
+    """The one-file-per-object baseline runs right after the round in even rounds and right
+    before it in odd ones; its pair carries both sides' MB/s."""
+    order: list[str] = []
+    files_dir = tmp_path / "files"
+
+    async def fake_round(n: int) -> _Round:
+        order.append("round")
+        await asyncio.sleep(0)
+        tier = {"write_bytes_per_s": 2e6 * (n + 1), "read_bytes_per_s": 4e6, "objects": 8.0}
+        return _Round(tier, None, {"bytes_per_s": 1.0, "iops": 1.0}, write_fio_first=False,
+                      read_fio_first=False)
+
+    async def watched(n: int) -> _Round:
+        result = await fake_round(n)
+        order.append("files" if files_dir.exists() else "no files yet")
+        return result
+
+    even = await _with_files(0, watched(0), files_dir, 4 * KiB, 8)
+    assert order == ["round", "no files yet"] and not even.files_first
+    odd = await _with_files(1, fake_round(1), files_dir, 4 * KiB, 8)
+    assert odd.files_first and not files_dir.exists()  # made, read back and removed
+    for pair, n in ((even, 0), (odd, 1)):
+        assert pair.files["objects"] == 8
+        write, read = pair.bytes_pair("write"), pair.bytes_pair("read")
+        assert write.tier == 2.0 * (n + 1) and read.tier == 4.0
+        assert write.fio == pair.files["write_bytes_per_s"] / 1e6 > 0
+        assert read.fio == pair.files["read_bytes_per_s"] / 1e6 > 0
+        assert write.fio_first is pair.files_first

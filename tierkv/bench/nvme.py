@@ -11,17 +11,20 @@ asyncio tasks (fill to 85 %, then every object read once). A pair's round (`_rou
 tier run with the fio jobs, each next to the tier phase it is set against: fio write, tier
 (write, read), fio read in even rounds, the mirror image in odd ones, so each case alternates
 which side goes first. The sequential 1 MiB write baseline writes the tier fill's bytes once
-with ``--end_fsync=1`` (as the tier's figure counts its closing `flush()`); the read and random
-write jobs are time-based over the whole file. The file is laid out whole by fio first (not
+with ``--end_fsync=1`` (as the tier's figure counts its closing `flush()`), and so does the random
+1 MiB write baseline (the same bytes, each block once in random order); the read jobs are
+time-based over the whole file. The file is laid out whole by fio first (not
 counted), so every write overwrites allocated blocks.
 
-Then, once, a directory of one file per object is written and read back with aiofiles (buffered
-IO, page cache dropped per file with ``POSIX_FADV_DONTNEED`` after a sync, so its reads are
-cold), set against the tier run of each size's median random-read pair. Index memory per entry
-is measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a `BlockKey`'s canonical
-size): in full mode by tracemalloc over building it (every allocation the index makes, keys
-included), in both modes by `NvmeIndex.memory_bytes()` (getsizeof of its containers; the index
-has no per-entry Python objects, so the two agree; tracemalloc alone takes ~40 s).
+Next to every random-order tier run (1 MiB, 64 KiB, 4 KiB), after it in even rounds and before
+it in odd ones, a directory of as many files, one per object, is written and read back with
+aiofiles (buffered IO, page cache dropped per file with ``POSIX_FADV_DONTNEED`` after a sync, so
+its reads are cold); those K pairs make the "tier vs file per object" rows, like the fio ones.
+Index memory per entry is measured over `NvmeIndex` holding 1 M entries of 33-byte keys (a
+`BlockKey`'s canonical size): in full mode by tracemalloc over building it (every allocation the
+index makes, keys included), in both modes by `NvmeIndex.memory_bytes()` (getsizeof of its
+containers; the index has no per-entry Python objects, so the two agree; tracemalloc alone takes
+~40 s).
 
 `run_nvme_bench` returns JSON-able data: ``rows`` (`Row.to_json()` dicts; paired rows add
 ``pairs``, ``min_ratio`` and ``max_ratio``), ``pairs`` (per case: every pair's figures, ratio and
@@ -87,12 +90,13 @@ def _fio(path: Path, rw: str, bs: int, size: int, seconds: int) -> dict[str, flo
     return _fio_job(path, rw, bs, [f"--size={size}", f"--runtime={seconds}", "--time_based"])
 
 
-def _fio_fill(path: Path, nbytes: int) -> dict[str, float]:
-    """fio writing `nbytes` once, sequentially in 1 MiB blocks, then fsync, like a tier fill.
+def _fio_fill(path: Path, nbytes: int, rw: str = "write") -> dict[str, float]:
+    """fio writing `nbytes` once in 1 MiB blocks (`rw`: in order, or "randwrite": each block
+    once in random order), then fsync, like a tier fill.
 
     ``--end_fsync=1`` is counted in fio's runtime (as the tier's closing `flush()` is in its).
     """
-    return _fio_job(path, "write", MiB, [f"--size={nbytes}", "--end_fsync=1"])
+    return _fio_job(path, rw, MiB, [f"--size={nbytes}", "--end_fsync=1"])
 
 
 def _fio_job(path: Path, rw: str, bs: int, extra: list[str]) -> dict[str, float]:
@@ -265,15 +269,17 @@ def _median_pair(pairs: Sequence[_Pair]) -> int:
     return ranked[(len(pairs) - 1) // 2]
 
 
-def _pair_row(case: str, unit: str, pairs: Sequence[_Pair], target: float | None
-              ) -> tuple[Row, dict[str, Any]]:
-    """The row of the median pair (its tier and fio figures), and the JSON of all the pairs."""
+def _pair_row(case: str, unit: str, pairs: Sequence[_Pair], target: float | None,
+              baseline: str = _FIO_NAME) -> tuple[Row, dict[str, Any]]:
+    """The row of the median pair (its tier and baseline figures), and the JSON of all the
+    pairs (the baseline's figures under "fio", whatever it is: `baseline` names it)."""
     middle = pairs[_median_pair(pairs)]
     ratios = [pair.ratio for pair in pairs]
     low, high = min(ratios), max(ratios)
     row = Row(f"{case} (median of {len(pairs)} pairs, {low:.2f}\u2013{high:.2f})", unit,
-              middle.tier, middle.fio, _FIO_NAME, target)
-    detail = {"case": case, "pairs": len(pairs), "median_pair": _median_pair(pairs),
+              middle.tier, middle.fio, baseline, target)
+    detail = {"case": case, "baseline": baseline, "pairs": len(pairs),
+              "median_pair": _median_pair(pairs),
               "median_ratio": middle.ratio, "min_ratio": low, "max_ratio": high,
               "ratios": ratios, "tier": [pair.tier for pair in pairs],
               "fio": [pair.fio for pair in pairs],
@@ -312,6 +318,31 @@ async def _round(n: int, tier: Callable[[], Awaitable[dict[str, float]]],
                   read_fio_first=n % 2 == 1)
 
 
+@dataclass(frozen=True, slots=True)
+class _FilesPair:
+    """A round and the one-file-per-object run made next to its tier run."""
+
+    round: _Round
+    files: dict[str, float]
+    files_first: bool
+
+    def bytes_pair(self, side: str) -> _Pair:
+        """MB/s of the tier and of the files for `side` ("write" or "read")."""
+        key = f"{side}_bytes_per_s"
+        return _Pair(self.round.tier[key] / 1e6, self.files[key] / 1e6, self.files_first)
+
+
+async def _with_files(n: int, round_run: Awaitable[_Round], directory: Path, size: int,
+                      count: int) -> _FilesPair:
+    """Round `n` and a one-file-per-object run of `count` objects in `directory`: after the
+    round in even rounds, before it in odd ones, so neither side is always first."""
+    if n % 2:
+        files = await _files_run(directory, size, count)
+        return _FilesPair(await round_run, files, files_first=True)
+    done = await round_run
+    return _FilesPair(done, await _files_run(directory, size, count), files_first=False)
+
+
 # -- the run -------------------------------------------------------------------------------------
 async def run_nvme_bench(directory: Path, *, quick: bool = False,
                          progress: Progress = no_progress, pairs: int | None = None
@@ -339,8 +370,9 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         done += 1
         progress(name, done, steps)
 
-    def add(case: str, unit: str, case_pairs: list[_Pair], target: float | None) -> None:
-        row, detail = _pair_row(case, unit, case_pairs, target)
+    def add(case: str, unit: str, case_pairs: list[_Pair], target: float | None,
+            baseline: str = _FIO_NAME) -> None:
+        row, detail = _pair_row(case, unit, case_pairs, target, baseline)
         rows.append(row)
         details.append(detail)
         extras[row.case] = {"pairs": detail["pairs"], "min_ratio": detail["min_ratio"],
@@ -357,6 +389,10 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         return functools.partial(_tier_run, path, size, plan, random_order=random_order,
                                  reads=True)
 
+    def files_count(size: int) -> int:
+        """As many files as the tier run puts objects, up to the plan's cap."""
+        return min(_fill_count(path, size, plan), plan.files_cap)
+
     def fio_time_based(rw: str, bs: int) -> FioJob:
         label = f"{bs // KiB}KiB" if bs < MiB else "1MiB"
         return job(f"{rw} {label}", functools.partial(_fio, path, rw, bs, plan.file_size,
@@ -368,49 +404,49 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         await loop.run_in_executor(None, _fio_fill, path, plan.file_size)
         step("fio lays out the file")
         # like for like with the tier's fill: same bytes, sequential 1 MiB, ends with an fsync
-        fill = job("write 1MiB", functools.partial(_fio_fill, path,
-                                                   _fill_count(path, MiB, plan) * MiB))
+        fill_bytes = _fill_count(path, MiB, plan) * MiB
+        fill = job("write 1MiB", functools.partial(_fio_fill, path, fill_bytes))
+        random_fill = job("randwrite 1MiB",
+                          functools.partial(_fio_fill, path, fill_bytes, "randwrite"))
         seq_rounds = []
         for n in range(k):
             seq_rounds.append(await _round(n, tier(MiB, False), fio_time_based("read", MiB), fill))
             step(f"sequential 1MiB pair {n + 1}/{k}")
         rnd_rounds = []
+        files: dict[int, list[_FilesPair]] = {MiB: [], 64 * KiB: [], 4 * KiB: []}
         for n in range(k):
-            rnd_rounds.append(await _round(n, tier(MiB, True), fio_time_based("randread", MiB),
-                                           fio_time_based("randwrite", MiB)))
+            files[MiB].append(await _with_files(
+                n, _round(n, tier(MiB, True), fio_time_based("randread", MiB),
+                          random_fill), files_dir, MiB, files_count(MiB)))
+            rnd_rounds.append(files[MiB][-1].round)
             step(f"random 1MiB pair {n + 1}/{k}")
         for case, rounds, key in (("seq write 1MiB QD32", seq_rounds, "write"),
                                   ("seq read 1MiB QD32", seq_rounds, "read"),
                                   ("rand write 1MiB QD32", rnd_rounds, "write"),
                                   ("rand read 1MiB QD32", rnd_rounds, "read")):
             add(case, "MB/s", [_bytes_pair(r, key) for r in rounds], 0.9)
-        # the tier runs of the median random-read pairs stand for the tier against the files
-        by_size = {MiB: rnd_rounds[_median_pair([_bytes_pair(r, "read") for r in rnd_rounds])]
-                   .tier}
         for size, goal in ((64 * KiB, 0.6), (4 * KiB, None)):
             label = f"{size // KiB}KiB"
             small = []
             for n in range(k):
-                small.append(await _round(n, tier(size, True),
-                                          fio_time_based("randread", size)))
+                files[size].append(await _with_files(
+                    n, _round(n, tier(size, True), fio_time_based("randread", size)),
+                    files_dir, size, files_count(size)))
+                small.append(files[size][-1].round)
                 step(f"random {label} pair {n + 1}/{k}")
             read_pairs = [_Pair(r.tier["read_iops"], r.fio_read["iops"], r.read_fio_first)
                           for r in small]
             add(f"rand read {label} QD32", "IOPS", read_pairs, goal)
-            by_size[size] = small[_median_pair(read_pairs)].tier
         path.unlink(missing_ok=True)
-        for size, tier_result in by_size.items():
+        # each tier run against the one-file-per-object run made right before or after it
+        for size, size_pairs in files.items():
             label = f"{size // KiB}KiB" if size < MiB else "1MiB"
-            count = min(int(tier_result["objects"]), plan.files_cap)
-            files = await _files_run(files_dir, size, count)
-            rows += [
-                Row(f"write {label}: tier vs file per object", "MB/s",
-                    tier_result["write_bytes_per_s"] / 1e6, files["write_bytes_per_s"] / 1e6,
-                    f"aiofiles, {count} files"),
-                Row(f"rand read {label}: tier vs file per object", "MB/s",
-                    tier_result["read_bytes_per_s"] / 1e6, files["read_bytes_per_s"] / 1e6,
-                    f"aiofiles, {count} files, cold"),
-            ]
+            count = int(size_pairs[0].files["objects"])
+            for side, what in (("write", f"aiofiles, {count} files"),
+                               ("read", f"aiofiles, {count} files, cold")):
+                verb = "write" if side == "write" else "rand read"
+                add(f"{verb} {label}: tier vs file per object", "MB/s",
+                    [pair.bytes_pair(side) for pair in size_pairs], None, what)
         step("aiofiles one file per object")
         sized = await loop.run_in_executor(
             None, functools.partial(index_bytes_per_entry, INDEX_ENTRIES, traced=False))

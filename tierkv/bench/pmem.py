@@ -92,14 +92,18 @@ async def _tier_seconds(tier: PmemTier, size: int, count: int, depth: int) -> tu
 
 
 async def run_pmem_bench(directory: Path, *, quick: bool = False,
-                         progress: Progress = no_progress) -> dict[str, Any]:
-    """Run the benchmark (see the module docstring); JSON-able result with "rows"."""
+                         progress: Progress = no_progress, native: bool = True
+                         ) -> dict[str, Any]:
+    """Run the benchmark (see the module docstring); JSON-able result with "rows".
+
+    `native=False` measures the tier's Python copy path (what runs without the native library),
+    for comparisons; the CLI always measures the tier as it runs by default."""
     capacity = (256 if quick else 1024) << 20
     batch_bytes = (32 if quick else 128) << 20
     repeats = 3 if quick else 5
     latency_count = 1000 if quick else 5000
     path = directory / f"tierkv-bench-{uuid.uuid4().hex}.pool"
-    tier = PmemTier(PmemTierConfig("bench", capacity, path))
+    tier = PmemTier(PmemTierConfig("bench", capacity, path), native=native)
     rows: list[Row] = []
     total = len(SIZES) * repeats + 1
     done = 0
@@ -141,6 +145,7 @@ async def run_pmem_bench(directory: Path, *, quick: bool = False,
         "device": "pmem",
         "pool_directory": str(directory),
         "media": describe,
+        "copy_path": describe.get("copies", ""),
         "quick": quick,
         "depth": DEPTH,
         "rows": [row.to_json() for row in rows],
