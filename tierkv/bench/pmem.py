@@ -11,8 +11,11 @@ emulated, not real pmem) and is deleted afterwards.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -186,3 +189,40 @@ def render_pmem_report(result: dict[str, Any]) -> list[str]:
         lines.append(f"  {row['case']:<32} {row['measured']:>10.3g} {baseline:>10} {ratio:>7}  "
                      f"{target}  [{row['unit']}; baseline: {row['baseline_name']}]")
     return lines
+
+
+async def compare_copy_paths(directory: Path, rounds: int) -> list[dict[str, Any]]:
+    """`rounds` full runs of each copy path (native, Python), alternating which goes first."""
+    results = []
+    for n in range(rounds):
+        for native in (True, False) if n % 2 == 0 else (False, True):
+            result = await run_pmem_bench(directory, native=native)
+            results.append({"native": native, "round": n, "rows": result["rows"]})
+            print(("native " if native else "python ") + " | ".join(
+                f"{row['case']} {row['ratio']:.2f}" if row["target"] is not None
+                else f"{row['case']} {row['measured']:.1f}us" for row in result["rows"]),
+                flush=True)
+    return results
+
+
+def _main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tierkv.bench.pmem",
+        description="The pmem tier's bench; --compare runs the native and Python copy paths "
+                    "alternately (docs/benchmarks.md).")
+    parser.add_argument("directory", type=Path, nargs="?", default=Path("/dev/shm"))
+    parser.add_argument("--compare", type=int, metavar="ROUNDS", default=0,
+                        help="ROUNDS full runs of each copy path, alternating")
+    parser.add_argument("--json", type=Path, help="write every result here")
+    args = parser.parse_args(argv)
+    if args.compare:
+        results: Any = asyncio.run(compare_copy_paths(args.directory, args.compare))
+    else:
+        results = asyncio.run(run_pmem_bench(args.directory))
+        print("\n".join(render_pmem_report(results)))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
