@@ -28,6 +28,23 @@ class _Job(Generic[T]):
     finish: Finish | None
 
 
+def complete(future: asyncio.Future[Any], finish: Finish | None, result: Any,
+             error: BaseException | None) -> None:
+    """End a job on the loop: its `finish` first (told whether the caller was cancelled), then
+    its future, unless cancelled; a failing `finish` becomes the caller's error."""
+    try:
+        if finish is not None:
+            finish(result, error, future.cancelled())
+    except BaseException as exc:  # a bookkeeping failure goes to the caller
+        error = exc
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class CopyThreads:
     """Threads that run pool copies off the event loop (ctypes and xxhash release the GIL).
 
@@ -78,18 +95,7 @@ class CopyThreads:
         while self._results:
             job, result, error = self._results.popleft()
             self._in_flight -= 1
-            future = job.future
-            try:
-                if job.finish is not None:
-                    job.finish(result, error, future.cancelled())
-            except BaseException as exc:  # a bookkeeping failure goes to the caller
-                error = exc
-            if future.cancelled():
-                continue
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
+            complete(job.future, job.finish, result, error)
         if not self._in_flight:
             self._drained.set()
 

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from tierkv.errors import DeviceError
 from tierkv.tiers import _pmemobj as pmemobj
-from tierkv.tiers._copythreads import Finish
+from tierkv.tiers._copythreads import Finish, complete
 from tierkv.tiers._pmem_native import OP_GET, OP_PUT, Job, NativeCopies, NativePut
 
 #: finished jobs taken per reap call
@@ -113,18 +113,7 @@ class NativeQueue:
             assert isinstance(put, NativePut)
             error = pmemobj.failure(put.what, job.error,
                                     job.message.decode(errors="replace"))
-        future = pending.future
-        try:
-            if pending.finish is not None:
-                pending.finish(result, error, future.cancelled())
-        except BaseException as exc:  # a bookkeeping failure goes to the caller
-            error = exc
-        if future.cancelled():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+        complete(pending.future, pending.finish, result, error)
 
     async def close(self) -> None:
         """Wait for every job, then stop the workers and release the eventfd."""
