@@ -82,6 +82,9 @@ class GpuTier(Tier):
             self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"tierkv-{self.name}-events")
         else:
             self._storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda_available())
+            # pay the pool's page faults at open, not in puts: a put into never-touched slots
+            # faulted and zeroed every page (~290 µs per 256 KiB put against ~15 µs of copy)
+            self._storage.zero_()
             self._host = memoryview(self._storage.numpy())  # type: ignore[arg-type]
         log.info("tier %s: %d slots of %d bytes on %s", self.name, self._slot_count,
                  self.slot_size, self.device)
