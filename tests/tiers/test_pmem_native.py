@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import msgpack
@@ -15,7 +17,13 @@ from tierkv.config import PmemTierConfig
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import encode_header_parts
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers._pmem_native import HEADER_FIXED, WIDEST_CHECKSUM, NativeCopies, NativePut
+from tierkv.tiers._pmem_native import (
+    HEADER_FIXED,
+    WIDEST_CHECKSUM,
+    NativeCopies,
+    NativePut,
+    abi_mismatch,
+)
 from tierkv.tiers._pmem_native import load as load_native
 from tierkv.tiers._pmem_pool import PoolObject
 from tierkv.tiers.pmem import PmemTier
@@ -116,3 +124,31 @@ async def test_stats_and_info_name_the_copy_path(tmp_path: Path) -> None:
             assert tier.describe()["copies"].startswith(expected)
         finally:
             await tier.close()
+
+
+NATIVE_SOURCES = [Path(__file__).parents[2] / "tierkv" / "_native" / name
+                  for name in ("pmem_copy.c", "copy_queue.c")]
+
+
+def _build(tmp_path: Path, *flags: str, sources: list[Path] = NATIVE_SOURCES) -> ctypes.CDLL:
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc: not installed (scripts/setup installs it)")
+    out = tmp_path / "lib.so"
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-pthread", *flags, "-o", str(out),
+                    *map(str, sources)], check=True, capture_output=True)
+    return ctypes.CDLL(str(out))
+
+
+def test_built_library_matches_the_bindings(native: NativeCopies) -> None:
+    assert abi_mismatch(ctypes.CDLL(str(native.path))) == ""
+
+
+def test_stale_library_is_refused(tmp_path: Path) -> None:
+    """Another ABI version, or a library from before versioning: never handed a structure."""
+    other = _build(tmp_path, "-DTKV_ABI_VERSION=99")
+    assert "ABI version 99" in abi_mismatch(other)
+    source = tmp_path / "old.c"
+    source.write_text("int tkv_copy_verified(void) { return 0; }\n")
+    (tmp_path / "old").mkdir()
+    older = _build(tmp_path / "old", sources=[source])
+    assert "predates" in abi_mismatch(older)

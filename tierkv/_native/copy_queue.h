@@ -6,6 +6,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Bumped with any change of the structures or functions below; the loader refuses a library of
+ * another version (a stale build), as it refuses one whose structure sizes differ. */
+#ifndef TKV_ABI_VERSION /* a test builds a stale-looking library by defining it */
+#define TKV_ABI_VERSION 1
+#endif
+
 typedef struct { uint64_t pool_uuid_lo; uint64_t off; } tkv_oid;
 typedef int (*tkv_ctor)(void *pop, void *ptr, void *arg);
 
@@ -61,6 +67,9 @@ struct tkv_job {
 };
 
 struct tkv_queue;
+
+int tkv_abi_version(void);
+size_t tkv_sizeof(int which); /* 0: tkv_pmem_api, 1: tkv_put, 2: tkv_job */
 
 int tkv_pmem_put(struct tkv_put *p, tkv_oid *oid);
 size_t tkv_write_header(const struct tkv_put *p, uint8_t *base, uint64_t payload_sum);

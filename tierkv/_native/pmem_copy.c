@@ -172,3 +172,22 @@ uint64_t tkv_xxh3_64(const uint8_t *data, size_t len)
 {
     return XXH3_64bits(data, len);
 }
+
+int tkv_abi_version(void)
+{
+    return TKV_ABI_VERSION;
+}
+
+size_t tkv_sizeof(int which)
+{
+    switch (which) {
+    case 0:
+        return sizeof(struct tkv_pmem_api);
+    case 1:
+        return sizeof(struct tkv_put);
+    case 2:
+        return sizeof(struct tkv_job);
+    default:
+        return 0;
+    }
+}

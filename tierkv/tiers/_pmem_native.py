@@ -30,6 +30,8 @@ from tierkv.tiers import _pmemobj as pmemobj
 log = logging.getLogger(__name__)
 
 LIBRARY_STEM = "pmem_copy"
+#: `TKV_ABI_VERSION` of tierkv/_native/copy_queue.h that these bindings mirror
+ABI_VERSION = 1
 
 
 class _Api(ctypes.Structure):
@@ -225,4 +227,29 @@ def load() -> NativeCopies | None:
         library = ctypes.CDLL(str(path), use_errno=True)
     except OSError as exc:
         raise DeviceError(f"{path} cannot be loaded: {exc}") from None
+    mismatch = abi_mismatch(library)
+    if mismatch:
+        log.warning("the native pmem copy library %s is stale (%s): rebuild it with "
+                    "scripts/setup; the pmem tier uses its slower Python path", path, mismatch)
+        return None
     return NativeCopies(library, pmemobj.library())
+
+
+def abi_mismatch(library: ctypes.CDLL) -> str:
+    """Why `library` does not match these bindings ('' when it does): another ABI version, or
+    structures of other sizes. A stale build would otherwise read and write past the structures
+    Python hands it."""
+    try:
+        version = library.tkv_abi_version
+        sizeof = library.tkv_sizeof
+    except AttributeError:
+        return "it predates ABI versioning"
+    version.restype, version.argtypes = ctypes.c_int, ()
+    sizeof.restype, sizeof.argtypes = ctypes.c_size_t, (ctypes.c_int,)
+    if version() != ABI_VERSION:
+        return f"ABI version {version()}, these bindings need {ABI_VERSION}"
+    for which, structure in enumerate((_Api, _Put, Job)):
+        if sizeof(which) != ctypes.sizeof(structure):
+            return (f"struct {structure.__name__} is {sizeof(which)} bytes there and "
+                    f"{ctypes.sizeof(structure)} here")
+    return ""
