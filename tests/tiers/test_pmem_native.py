@@ -17,6 +17,7 @@ from tierkv.config import PmemTierConfig
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import encode_header_parts
 from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers import _pmemobj as pm
 from tierkv.tiers._pmem_native import (
     HEADER_FIXED,
     WIDEST_CHECKSUM,
@@ -25,7 +26,6 @@ from tierkv.tiers._pmem_native import (
     abi_mismatch,
 )
 from tierkv.tiers._pmem_native import load as load_native
-from tierkv.tiers._pmem_pool import PoolObject
 from tierkv.tiers.pmem import PmemTier
 
 pytestmark = pytest.mark.pmem
@@ -89,29 +89,30 @@ def test_header_matches_python_for_every_checksum_width(native: NativeCopies, tm
 
 @pytest.mark.parametrize("size", [100, 96 << 10, (1 << 20) + 5])
 async def test_native_record_is_the_python_record(tmp_path: Path, size: int) -> None:
-    """Same key, meta, payload and sequence: the native put writes the bytes the Python one
-    does (inline below `LARGE_COPY`, the same constructor above it)."""
-    tier = PmemTier(PmemTierConfig("pmem", 16 << 20, tmp_path / "tier.pool"))
-    await tier.open()
-    try:
-        payload = memoryview(os.urandom(size))
-        meta = meta_of(size)
-        _size, write, put = tier._prepare(7, b"\x02same", meta, payload)
-        assert put is not None
-        native_obj = write()
-        widest = put.record_size - layout.PREFIX_SIZE - size
-        python_obj = tier._write(7, b"\x02same", meta, payload, widest)
-        assert _record(native_obj) == _record(python_obj)
-        assert native_obj.payload_checksum == xxhash.xxh3_64_intdigest(payload)
-        assert native_obj.footprint == python_obj.footprint
-        for obj in (native_obj, python_obj):
-            tier._live_pool().free(obj.oid)
-    finally:
-        await tier.close()
-
-
-def _record(obj: PoolObject) -> bytes:
-    return ctypes.string_at(obj.address, obj.payload_offset + obj.meta.nbytes)
+    """The same put into two fresh pools, through the native and the Python copy path (inline
+    below `LARGE_COPY`, on the workers above it): the records on the media are the same bytes."""
+    payload = os.urandom(size)
+    meta = meta_of(size)
+    records = []
+    for native in (True, False):
+        path = tmp_path / f"{native}.pool"
+        tier = PmemTier(PmemTierConfig("pmem", 16 << 20, path), native=native)
+        await tier.open()
+        try:
+            await tier.put(b"\x02same", meta, payload)
+        finally:
+            await tier.close()
+        pool = pm.open_pool(path, layout.LAYOUT_NAME)  # the media, bypassing the tier
+        try:
+            oid = pool.first()
+            assert oid is not None and pool.next(oid) is None
+            raw = ctypes.string_at(pool.direct(oid), pool.usable_size(oid))
+        finally:
+            pool.close()
+        info = layout.decode_record(memoryview(raw))
+        assert info.header.payload_checksum == xxhash.xxh3_64_intdigest(payload)
+        records.append(raw[: info.record_size])
+    assert records[0] == records[1]
 
 
 async def test_stats_and_info_name_the_copy_path(tmp_path: Path) -> None:
