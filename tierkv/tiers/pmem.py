@@ -3,11 +3,13 @@
 Write path: `put` makes one ``pmemobj_xalloc`` of the record (prefix, header, payload;
 `formats.pmem_layout`) whose constructor fills it and persists it once, as a whole, before PMDK
 publishes the allocation, so after a crash an object is either whole or absent. The payload is
-hashed and streamed in chunks (`_pmem_copy.copy_in`: memory is read once, with non-temporal
-stores); the header, which holds the checksum, is written after it at an offset sized for the
-widest checksum encoding (the payload moves up in the 1-in-2**32 case of a shorter one). An
-overwrite allocates the new record first and frees the old one after; a crash in between leaves
-both, and recovery keeps the newer. `delete` is ``pmemobj_free`` (atomic).
+hashed and streamed in chunks (memory is read once, with non-temporal stores); the header, which
+holds the checksum, is written after it at an offset sized for the widest checksum encoding (the
+payload moves up in the 1-in-2**32 case of a shorter one). Two implementations write the same
+bytes: the native library's C constructor (`_pmem_native`, the default where it is built) and a
+Python one (`_pmem_copy.copy_in` called from a ctypes constructor). An overwrite allocates the new
+record first and frees the old one after; a crash in between leaves both, and recovery keeps the
+newer. `delete` is ``pmemobj_free`` (atomic).
 
 Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
 record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
@@ -23,16 +25,21 @@ Media: `open` reports whether the mapping is real persistent memory (libpmem's `
 On an ordinary file PMDK persists with msync and the tier says it is *emulated*; on tmpfs the pool
 survives a process crash but not a reboot. `describe` and `stats` state which case holds.
 
-Concurrency: coroutines of one event loop. Copies of payloads of `LARGE_COPY` bytes or more (in
-and out of the pool) and the recovery walk (`_pmem_pool`) run on the tier's copy thread
-(`_copythreads.CopyThreads`: ctypes and xxhash release the GIL); small ones run inline. The index
+Concurrency: coroutines of one event loop. Puts and gets of payloads of `LARGE_COPY` bytes or
+more never copy on the loop: with the native library they run on its `NATIVE_WORKERS` threads,
+wholly in C and without the GIL (`_pmem_queue.NativeQueue`, completions reaped through an
+eventfd); without it on the tier's Python copy thread (`_copythreads.CopyThreads`: ctypes and
+xxhash release the GIL), which also runs the recovery walk (`_pmem_pool`) in both cases. Small
+payloads are copied inline. The index
 and `used` are touched only on the loop: a copy's bookkeeping runs there when it ends, even if its
 caller was cancelled meanwhile (a cancelled put then frees what it wrote; a cancelled get releases
 its hold). A `get` that overlaps a `delete` or overwrite of its key holds the old allocation until
 its copy is done (reader count), so it returns the whole old object, never reused memory.
 
-Buffers: `put` copies the payload before it returns; `get` returns a writable `memoryview` of a
-fresh (not zero-filled) numpy buffer that the caller owns.
+Buffers: `put` copies the payload before it returns (a cancelled put's copy may still be
+reading it; the tier keeps it referenced until then); `get` returns a writable `memoryview` of a
+numpy buffer that the caller owns, not zero-filled, from `_buffers.BufferRecycler` for results of
+64 KiB or more (its memory is reused only once nothing refers to the result any more).
 
 Errors: `DeviceError` for a pool that is not ours (another layout, a corrupt header, a non-pool
 file: the file is left untouched unless ``format = true``), a pool another process holds ("in
