@@ -164,16 +164,27 @@ async def test_worker_error_reaches_the_caller_and_used_stays_consistent(
 
 
 async def test_cancelled_large_put_leaves_nothing(make: Make, tmp_path: Path) -> None:
-    tier = make(tmp_path / "tier.pool")
+    """The copy of a cancelled put goes on (it holds the caller's buffer), then frees what it
+    wrote and its reservation; `close` waits for it, and the reopened pool holds only the put
+    that was not cancelled. (Copies run on several workers: the later put may end first.)"""
+    path = tmp_path / "tier.pool"
+    tier = make(path)
     await tier.open()
     try:
         task = asyncio.create_task(tier.put(b"\x02gone", meta_of(8 << 20), bytes(8 << 20)))
-        await asyncio.sleep(0)  # the copy is on its thread now
+        await asyncio.sleep(0)  # the copy is on its worker now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await tier.put(b"\x02sync", meta_of(LARGE), bytes(LARGE))  # queued behind the copy
+        await tier.put(b"\x02sync", meta_of(LARGE), bytes(LARGE))
         assert not await tier.contains(b"\x02gone")
+    finally:
+        await tier.close()
+    assert 0 < tier.used <= tier.footprint(LARGE)  # the cancelled put's bookkeeping has run
+    tier = make(path)
+    recovered = await tier.open()
+    try:
+        assert [r.key for r in recovered] == [b"\x02sync"]
         assert 0 < tier.used <= tier.footprint(LARGE)
         assert await tier.delete(b"\x02sync")
         assert tier.used == 0
@@ -182,7 +193,11 @@ async def test_cancelled_large_put_leaves_nothing(make: Make, tmp_path: Path) ->
 
 
 async def test_cancelled_large_get_keeps_the_object(make: Make, tmp_path: Path) -> None:
-    tier = make(tmp_path / "tier.pool")
+    """A delete during a cancelled get's copy frees the object only once the copy is done:
+    other puts and gets meanwhile are intact, and after `close` (which waits for the copy)
+    the reopened pool is empty."""
+    path = tmp_path / "tier.pool"
+    tier = make(path)
     await tier.open()
     try:
         data = os.urandom(4 << 20)
@@ -197,6 +212,12 @@ async def test_cancelled_large_get_keeps_the_object(make: Make, tmp_path: Path) 
         got = await tier.get(b"\x02next")
         assert got is not None and bytes(got[1]) == data
         assert await tier.delete(b"\x02next")
+    finally:
+        await tier.close()
+    assert tier.used == 0  # the deferred free ran when the cancelled copy ended
+    tier = make(path)
+    assert await tier.open() == []
+    try:
         assert tier.used == 0
     finally:
         await tier.close()
