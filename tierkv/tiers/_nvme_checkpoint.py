@@ -3,6 +3,8 @@
 Separate because it is the tier's whole-index persistence, apart from the log it summarises: the
 msgpack checkpoint (`tierkv.formats.nvme_layout`), the superblock writes that record or clear it,
 and the checks that make a damaged checkpoint fall back to a scan (`CorruptObjectError`).
+`CheckpointIO` holds the tier's `LogState` and the write-behind (`RegionWrites`), which seals the
+flushed head in place before the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -25,96 +27,106 @@ from tierkv.formats.nvme_layout import (
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers._nvme_regions import RegionState
 from tierkv.tiers._nvme_scan import read_range
-from tierkv.tiers._nvme_state import log
+from tierkv.tiers._nvme_state import LogState, log
 from tierkv.tiers._nvme_writes import RegionWrites
 
 
-class CheckpointIO(RegionWrites):
+class CheckpointIO:
     """Superblock writes and the index checkpoint; see `tierkv.tiers.nvme`."""
 
-    async def _write_superblock(self, sb: Superblock) -> None:
-        _d, io, _s = self._dev_io()
-        buf = self._pool.acquire(SUPERBLOCK_SIZE)
+    __slots__ = ("_st", "_writes")
+
+    def __init__(self, state: LogState, writes: RegionWrites) -> None:
+        self._st = state
+        self._writes = writes
+
+    async def write_superblock(self, sb: Superblock) -> None:
+        st = self._st
+        _d, io, _s = st.dev_io()
+        buf = st.pool.acquire(SUPERBLOCK_SIZE)
         try:
             buf.view[:SUPERBLOCK_SIZE] = encode_superblock(sb)
             await io.write(buf, 0, SUPERBLOCK_SIZE)
             await io.sync()
         finally:
-            self._pool.release(buf)
-        self._counters["bytes_written"] += SUPERBLOCK_SIZE
+            st.pool.release(buf)
+        st.counters["bytes_written"] += SUPERBLOCK_SIZE
 
-    async def _load_checkpoint(self, sb: Superblock) -> None:
-        _d, io, _s = self._dev_io()
-        size = self.config.region_size
-        parts = [await read_range(io, self._pool, self._offset(i), size)
+    async def load(self, sb: Superblock) -> None:
+        """Load the checkpoint `sb` names into the (empty) index; `CorruptObjectError` if bad."""
+        st = self._st
+        _d, io, _s = st.dev_io()
+        size = st.config.region_size
+        parts = [await read_range(io, st.pool, st.offset(i), size)
                  for i in sb.checkpoint_regions]
         data = b"".join(parts)
         total, check = checkpoint_total(data)
         if total != sb.checkpoint_length or check != sb.checkpoint_checksum:
             raise CorruptObjectError("checkpoint does not match the superblock")
         ckpt = decode_checkpoint(data, sb.uuid)
-        self._next_seq = ckpt.next_seq
+        st.next_seq = ckpt.next_seq
         for r in ckpt.regions:
-            if r.index >= self._region_count or r.index in sb.checkpoint_regions:
+            if r.index >= st.region_count or r.index in sb.checkpoint_regions:
                 raise CorruptObjectError("checkpoint names an impossible region")
-            region = self._regions[r.index]
+            region = st.regions[r.index]
             region.state, region.seq, region.used = RegionState.SEALED, r.seq, r.used
             region.last_access = r.last_access
             region.shadows = set(r.shadows)
-            self._tick = max(self._tick, r.last_access)
+            st.tick = max(st.tick, r.last_access)
         # a sealed region may shadow a FREE one: a region whose write failed, part of which may
-        # still be on media (see `RegionWrites._drop_failed`); it is reused first after open
-        if any(i >= self._region_count for r in ckpt.regions for i in r.shadows):
+        # still be on media (see `RegionWrites.drop_failed`); it is reused first after open
+        if any(i >= st.region_count for r in ckpt.regions for i in r.shadows):
             raise CorruptObjectError("checkpoint region shadows an impossible region")
         for e in ckpt.entries:
-            if e.region >= self._region_count:
+            if e.region >= st.region_count:
                 raise CorruptObjectError("checkpoint entry in an impossible region")
-            target = self._regions[e.region]
+            target = st.regions[e.region]
             if target.state is not RegionState.SEALED or e.offset + e.length > target.used \
-                    or e.offset % self._align:
+                    or e.offset % st.align:
                 raise CorruptObjectError("checkpoint entry outside its region")
             try:
                 kind = ValueKind(e.kind)
             except ValueError as exc:
                 raise CorruptObjectError("checkpoint entry of unknown kind") from exc
             meta = ObjectMeta(kind, e.dtype, e.shape, e.nbytes, e.generation, e.parents)
-            self._insert(e.key, target, offset=e.offset, length=e.length, meta=meta, hits=e.hits)
+            st.insert(e.key, target, offset=e.offset, length=e.length, meta=meta, hits=e.hits)
 
-    async def _write_checkpoint(self) -> None:
-        _d, io, sb = self._dev_io()
-        if self._head is not None:
-            self._seal_in_place(self._head)
+    async def write(self) -> None:
+        """At close, after a successful flush: checkpoint the index and record it, if it fits."""
+        st = self._st
+        _d, io, sb = st.dev_io()
+        if st.head is not None:
+            self._writes.seal_in_place(st.head)
         regions = [CheckpointRegion(r.index, r.seq, r.used, r.last_access, tuple(sorted(r.shadows)))
-                   for r in self._regions if r.state is RegionState.SEALED]
+                   for r in st.regions if r.state is RegionState.SEALED]
         entries = []
-        for key in list(self._index.keys()):
-            loc, meta = self._index.get(key), self._index.meta(key)
+        for key in list(st.index.keys()):
+            loc, meta = st.index.get(key), st.index.meta(key)
             assert loc is not None and meta is not None
             entries.append(CheckpointEntry(key, loc.region, loc.offset, loc.length, loc.hits,
                                            int(meta.kind), meta.dtype, meta.shape, meta.nbytes,
                                            meta.generation, meta.parents))
-        data = encode_checkpoint(Checkpoint(sb.uuid, self._next_seq, tuple(regions), entries))
-        size = self.config.region_size
+        data = encode_checkpoint(Checkpoint(sb.uuid, st.next_seq, tuple(regions), entries))
+        size = st.config.region_size
         needed = -(-len(data) // size)
-        free = [r.index for r in self._regions if r.state is RegionState.FREE]
+        free = [r.index for r in st.regions if r.state is RegionState.FREE]
         if needed > len(free) or needed > MAX_CHECKPOINT_REGIONS:
-            self._counters["checkpoint_skipped"] += 1
+            st.counters["checkpoint_skipped"] += 1
             log.warning("%s: no room for a %d-byte checkpoint; the next open will scan",
-                        self.name, len(data))
+                        st.name, len(data))
             return
         targets = tuple(free[:needed])
-        buf = self._pool.acquire(size)
+        buf = st.pool.acquire(size)
         try:
             for n, index in enumerate(targets):
                 chunk = data[n * size : (n + 1) * size]
-                length = align_up(len(chunk), self._align)
+                length = align_up(len(chunk), st.align)
                 buf.view[: len(chunk)] = chunk
                 buf.view[len(chunk) : length] = bytes(length - len(chunk))
-                await io.write(buf, self._offset(index), length)
-                self._counters["bytes_written"] += length
+                await io.write(buf, st.offset(index), length)
+                st.counters["bytes_written"] += length
         finally:
-            self._pool.release(buf)
+            st.pool.release(buf)
         await io.sync()
-        self._sb = sb.with_checkpoint(len(data), checksum(data[24:]), targets)
-        await self._write_superblock(self._sb)
-
+        st.sb = sb.with_checkpoint(len(data), checksum(data[24:]), targets)
+        await self.write_superblock(st.sb)

@@ -1,11 +1,11 @@
-"""The state every layer of the NVMe tier shares, its geometry and its index bookkeeping.
+"""The NVMe tier's log state, in one owner: `LogState`, with its geometry and index bookkeeping.
 
-`NvmeTier` is built from layers, each in its own module and using only the layers it derives
-from: this state; the write-behind of region buffers (`_nvme_writes`); on top of that the append
+`NvmeTier` is built from layers, each an object in its own module that holds this state and the
+layers below it: the write-behind of region buffers (`_nvme_writes`); on top of that the append
 log with region reclaim (`_nvme_log`) and, apart from it, checkpoints (`_nvme_checkpoint`) under
-open-time recovery (`_nvme_recovery`).
-The attributes are declared here and initialised by `NvmeTier.__init__`; see `tierkv.tiers.nvme`
-for the contract. Kept separate so that every layer sees one declaration of the shared state.
+open-time recovery (`_nvme_recovery`). The state is created once by `NvmeTier.__init__` and
+shared by reference, so every layer sees the same regions, index, head, lock and counters; see
+`tierkv.tiers.nvme` for the contract. Helpers here touch nothing but the state.
 """
 
 from __future__ import annotations
@@ -26,84 +26,109 @@ from tierkv.tiers._nvme_regions import Region, RegionState, Superseded
 #: the records of every layer keep the tier's logger name, as before the tier was split up
 log = logging.getLogger("tierkv.tiers.nvme")
 
+#: sealed regions written in the background at once; a rotation waits for a slot
+SEALS_IN_FLIGHT = 2
 
-class NvmeTierState:
-    """Declarations of `NvmeTier`'s shared state; geometry and index helpers over it."""
 
-    name: str
-    config: NvmeTierConfig
-    _region_count: int
-    _device: Device | None
-    _io: BlockIO | None
-    _pool: AlignedPool
-    _sb: Superblock | None
-    _index: NvmeIndex
-    _regions: list[Region]
-    _head: Region | None
-    _next_seq: int
-    _tick: int
-    _lock: asyncio.Lock
-    _seal_slots: asyncio.Semaphore
-    _sealing: set[asyncio.Task[None]]
-    _changed: asyncio.Event
-    _lost: list[bytes]
-    _superseded: list[Superseded]
-    _reuse_failed: bool
-    _write_error: DeviceError | None
-    _recovered_from: str
-    _live: int
-    _counters: dict[str, int]
+class LogState:
+    """Everything the NVMe tier's layers share: device handles, regions, index, head, counters.
+
+    Owned by one `NvmeTier`; its layers hold a reference and read and write the attributes
+    directly (no copies). Mutations of the log (appends, rotations, reclaims, flushes) happen
+    under `lock`; reads of entries do not take it. `changed` is set whenever a region's write,
+    header write or readers change, for the waits of reclaim and `settle_superseded`.
+    `device`, `io` and `sb` are ``None`` until open (and after close).
+    """
+
+    __slots__ = ("changed", "config", "counters", "device", "head", "index", "io", "live",
+                 "lock", "lost", "name", "next_seq", "pool", "recovered_from", "region_count",
+                 "regions", "reuse_failed", "sb", "seal_slots", "sealing", "superseded", "tick",
+                 "write_error")
+
+    def __init__(self, name: str, config: NvmeTierConfig, region_count: int) -> None:
+        self.name = name
+        self.config = config
+        self.region_count = region_count
+        self.device: Device | None = None
+        self.io: BlockIO | None = None
+        self.pool = AlignedPool()
+        self.sb: Superblock | None = None
+        self.index = NvmeIndex(4096)
+        self.regions: list[Region] = []
+        self.head: Region | None = None
+        self.next_seq = 1
+        self.tick = 0
+        self.lock = asyncio.Lock()
+        self.seal_slots = asyncio.Semaphore(SEALS_IN_FLIGHT)
+        self.sealing: set[asyncio.Task[None]] = set()
+        self.changed = asyncio.Event()
+        #: keys dropped outside a `put` (failed writes, reclaims inside `delete`), for the next
+        self.lost: list[bytes] = []
+        self.superseded: list[Superseded] = []
+        #: False only for close's last flush: a region whose write failed is then a last resort
+        self.reuse_failed = True
+        self.write_error: DeviceError | None = None
+        self.recovered_from = "new"
+        self.live = 0
+        self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
+                         "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
+                         "checkpoint_skipped": 0}
 
     # -- geometry --------------------------------------------------------------------------------
     @property
-    def _align(self) -> int:
-        return self._device.alignment if self._device is not None else 4096
+    def align(self) -> int:
+        return self.device.alignment if self.device is not None else 4096
 
-    def _offset(self, region: int) -> int:
+    def offset(self, region: int) -> int:
         return SUPERBLOCK_SIZE + region * self.config.region_size
 
-    def _dev_io(self) -> tuple[Device, BlockIO, Superblock]:
-        assert self._device is not None and self._io is not None and self._sb is not None
-        return self._device, self._io, self._sb
+    def dev_io(self) -> tuple[Device, BlockIO, Superblock]:
+        assert self.device is not None and self.io is not None and self.sb is not None
+        return self.device, self.io, self.sb
 
     # -- index helpers ---------------------------------------------------------------------------
-    def _insert(self, key: bytes, region: Region, *, offset: int, length: int,
-                meta: ObjectMeta, hits: int) -> None:
-        old = self._index.put(key, region=region.index, offset=offset, length=length, meta=meta,
-                              hits=hits)
+    def reset_index(self) -> None:
+        """An empty index over all-FREE regions (before a scan, or after a checkpoint failed)."""
+        self.index = NvmeIndex(self.align)
+        self.regions = [Region(i) for i in range(self.region_count)]
+        self.live = 0
+
+    def insert(self, key: bytes, region: Region, *, offset: int, length: int,
+               meta: ObjectMeta, hits: int) -> None:
+        old = self.index.put(key, region=region.index, offset=offset, length=length, meta=meta,
+                             hits=hits)
         if old is not None:
-            self._regions[old.region].live -= old.length
-            self._live -= old.length
-            self._shadow(region, old)
+            self.regions[old.region].live -= old.length
+            self.live -= old.length
+            self.shadow(region, old)
             if old.region != region.index and region.state is RegionState.HEAD:
                 region.supersedes.add(key)
         region.live += length
-        self._live += length
+        self.live += length
 
-    def _shadow(self, region: Region, old: Location | None) -> None:
+    def shadow(self, region: Region, old: Location | None) -> None:
         """`region` now holds a record superseding `old` (an overwrite or a tombstone)."""
         if old is not None and old.region != region.index:
             region.shadows.add(old.region)
 
-    def _inherit(self, target: Region, regions: tuple[tuple[int, int], ...]) -> None:
+    def inherit(self, target: Region, regions: tuple[tuple[int, int], ...]) -> None:
         """`target` now holds the newest record of keys that `regions` (``(index, seq)``) may
         still hold older records of (see `Superseded`): it waits for those regions too.
 
         A region reused since (another seq, or `EARLIER`) counts only when its new header
         failed: once that header is on media its old records are stale. One whose header is
-        still in flight is skipped here; `_settle_superseded` waits for it first.
+        still in flight is skipped here; `RegionLog.settle_superseded` waits for it first.
         """
         for index, seq in regions:
-            other = self._regions[index]
+            other = self.regions[index]
             if index != target.index and (
                 other.seq == seq or (not other.header_written and other.failed is not None)
             ):
                 target.shadows.add(index)
 
-    def _forget(self, key: bytes) -> Location | None:
-        old = self._index.remove(key)
+    def forget(self, key: bytes) -> Location | None:
+        old = self.index.remove(key)
         if old is not None:
-            self._regions[old.region].live -= old.length
-            self._live -= old.length
+            self.regions[old.region].live -= old.length
+            self.live -= old.length
         return old
-

@@ -56,10 +56,14 @@ reclaims are serialised by one `asyncio.Lock`, reads are not. Errors: `DeviceErr
 entries (their keys are returned by the next `put`) and `flush()` raises it; so does a failed
 write of the head at `flush()`, which drops the head (see Recovery).
 
-Code: `NvmeTier` keeps the public surface, open/close and the data path; it inherits its layers
-from private modules: shared state (`_nvme_state`), write-behind (`_nvme_writes`), the append
-log and region reclaim (`_nvme_log`), checkpoints (`_nvme_checkpoint`) and open-time recovery
-(`_nvme_recovery`).
+Code: `NvmeTier` keeps the public surface, open/close and the data path, and inherits only `Tier`.
+One `LogState` (`_nvme_state`) owns the log's state (device, IO backend, buffer pool, superblock,
+regions, index, head, lock, counters...) and the helpers that touch only it (geometry, index
+bookkeeping). The layers are objects that hold that state and the layers below them, each built
+once by `NvmeTier.__init__`: `RegionWrites` (`_nvme_writes`, write-behind) holds the state;
+`RegionLog` (`_nvme_log`, the append log and region reclaim) and `CheckpointIO`
+(`_nvme_checkpoint`) hold it and the writes; `NvmeRecovery` (`_nvme_recovery`, open-time
+recovery) holds it and the checkpoints. The tier holds all of them and delegates.
 """
 
 from __future__ import annotations
@@ -77,27 +81,25 @@ from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import (
     SUPERBLOCK_SIZE,
     TOMBSTONE,
-    Superblock,
     entry_size,
     format_uuid,
 )
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
-from tierkv.tiers._aligned import AlignedPool
-from tierkv.tiers._blockio import BlockIO
-from tierkv.tiers._nvme_device import Device, make_backend, open_device
+from tierkv.tiers._nvme_checkpoint import CheckpointIO
+from tierkv.tiers._nvme_device import make_backend, open_device
 from tierkv.tiers._nvme_index import NvmeIndex
 from tierkv.tiers._nvme_log import RegionLog
 from tierkv.tiers._nvme_recovery import NvmeRecovery
-from tierkv.tiers._nvme_regions import Region, RegionState, Superseded
-from tierkv.tiers._nvme_state import log
+from tierkv.tiers._nvme_regions import Region, RegionState
+from tierkv.tiers._nvme_state import LogState, log
+from tierkv.tiers._nvme_writes import RegionWrites
 from tierkv.tiers.base import RecoveredObject, Tier, TierKind
 
 #: bytes reserved for the object header when sizing an object before its header exists
 HEADER_ALLOWANCE = 256
-_SEALS_IN_FLIGHT = 2
 
 
-class NvmeTier(NvmeRecovery, RegionLog, Tier):
+class NvmeTier(Tier):
     """The L3 tier; see the module docstring for layout, space, recovery and concurrency."""
 
     kind = TierKind.NVME
@@ -108,48 +110,31 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         self.config = config
         if config.region_size % 4096 or config.region_size < (1 << 20):
             raise ConfigError(f"{config.name}.region_size: must be a multiple of 4KiB, >= 1MiB")
-        self._region_count = (config.capacity - SUPERBLOCK_SIZE) // config.region_size
-        if self._region_count < 1:
+        region_count = (config.capacity - SUPERBLOCK_SIZE) // config.region_size
+        if region_count < 1:
             raise ConfigError(
                 f"{config.name}.capacity: {config.path} needs room for the superblock and a region"
             )
-        self._device: Device | None = None
-        self._io: BlockIO | None = None
-        self._pool = AlignedPool()
-        self._sb: Superblock | None = None
-        self._index = NvmeIndex(4096)
-        self._regions: list[Region] = []
-        self._head: Region | None = None
-        self._next_seq = 1
-        self._tick = 0
-        self._lock = asyncio.Lock()
-        self._seal_slots = asyncio.Semaphore(_SEALS_IN_FLIGHT)
-        self._sealing: set[asyncio.Task[None]] = set()
-        self._changed = asyncio.Event()
-        self._lost: list[bytes] = []
-        self._superseded: list[Superseded] = []
-        self._reuse_failed = True
-        self._write_error: DeviceError | None = None
-        self._recovered_from = "new"
-        self._live = 0
-        self._counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
-                          "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
-                          "checkpoint_skipped": 0}
+        self._st = LogState(config.name, config, region_count)
+        self._writes = RegionWrites(self._st)
+        self._log = RegionLog(self._st, self._writes)
+        self._checkpoint = CheckpointIO(self._st, self._writes)
+        self._recovery = NvmeRecovery(self._st, self._checkpoint)
 
     # -- geometry --------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return self._region_count * self.config.region_size
+        return self._st.region_count * self.config.region_size
 
     @property
     def used(self) -> int:
-        return self._live
+        return self._st.live
 
     def footprint(self, nbytes: int) -> int:
-        return entry_size(HEADER_ALLOWANCE, nbytes, self._align)
+        return entry_size(HEADER_ALLOWANCE, nbytes, self._st.align)
 
     def _max_entry(self) -> int:
-        return self.config.region_size - self._align
+        return self.config.region_size - self._st.align
 
     def can_ever_hold(self, nbytes: int) -> bool:
         return self.footprint(nbytes) <= self._max_entry()
@@ -159,13 +144,14 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
+        st = self._st
         device = open_device(self.config)
-        self._device = device
-        self._index = NvmeIndex(device.alignment)
+        st.device = device
+        st.index = NvmeIndex(device.alignment)
         try:
-            self._io = make_backend(self.config, device)
-            self._regions = [Region(i) for i in range(self._region_count)]
-            await self._load_or_format(device)
+            st.io = make_backend(self.config, device)
+            st.regions = [Region(i) for i in range(st.region_count)]
+            await self._recovery.load_or_format(device)
         except BaseException:
             await self._release()
             if device.created:
@@ -173,23 +159,24 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
                     os.unlink(device.path)
             raise
         recovered = []
-        for key in list(self._index.keys()):
-            meta = self._index.meta(key)
+        index = st.index  # recovery may have replaced it
+        for key in list(index.keys()):
+            meta = index.meta(key)
             assert meta is not None
             recovered.append(RecoveredObject(key, meta))
         log.info("%s: opened %s (%s, %s), %d objects recovered from %s", self.name,
-                 device.path, self._io.name if self._io else "?",
-                 "direct" if device.direct else "buffered", len(recovered), self._recovered_from)
+                 device.path, st.io.name if st.io else "?",
+                 "direct" if device.direct else "buffered", len(recovered), st.recovered_from)
         return recovered
 
     async def _close(self) -> None:
         try:
             if await self._flush_at_close():
                 try:
-                    await self._write_checkpoint()
+                    await self._checkpoint.write()
                 except DeviceError as exc:
                     # the superblock still names no checkpoint: the next open scans
-                    self._counters["checkpoint_skipped"] += 1
+                    self._st.counters["checkpoint_skipped"] += 1
                     log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
         finally:
             await self._release()
@@ -207,7 +194,7 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
             return True
         except DeviceError as exc:
             log.error("%s: flush at close failed (%s); flushing once more", self.name, exc)
-        self._reuse_failed = False
+        self._st.reuse_failed = False
         try:
             await self._flush()
         except DeviceError as exc:
@@ -217,136 +204,143 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         return True
 
     async def _release(self) -> None:
-        if self._sealing:
-            await asyncio.gather(*self._sealing, return_exceptions=True)
-        for region in self._regions:  # a head whose flush failed may still have writes out
+        st = self._st
+        if st.sealing:
+            await asyncio.gather(*st.sealing, return_exceptions=True)
+        for region in st.regions:  # a head whose flush failed may still have writes out
             if region.writes:
                 await asyncio.gather(*list(region.writes), return_exceptions=True)
-        for region in self._regions:
+        for region in st.regions:
             if region.buffer is not None:
-                self._pool.release(region.buffer)
+                st.pool.release(region.buffer)
                 region.buffer = None
-        if self._io is not None:
-            await self._io.aclose()
-            self._io = None
-        self._pool.close()
-        if self._device is not None:
-            os.close(self._device.fd)
-            self._device = None
+        if st.io is not None:
+            await st.io.aclose()
+            st.io = None
+        st.pool.close()
+        if st.device is not None:
+            os.close(st.device.fd)
+            st.device = None
 
     # -- data path -------------------------------------------------------------------------------
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
         self._check_open()
+        st = self._st
         view = payload_view(payload)
         if not self.can_ever_hold(view.nbytes):
             raise TierFullError(f"{self.name}: {view.nbytes} bytes do not fit in one region")
         if meta.nbytes != view.nbytes:
             raise ValueError(f"meta says {meta.nbytes} bytes, the payload has {view.nbytes}")
         header = encode_header(ObjectHeader(key, meta, checksum(view)))
-        size = entry_size(len(header), view.nbytes, self._align)
+        size = entry_size(len(header), view.nbytes, st.align)
         if size > self._max_entry():
             raise TierFullError(f"{self.name}: an entry of {size} bytes does not fit a region")
-        async with self._lock:
-            if self._superseded:
-                await self._settle_superseded()
-            dropped = await self._append(key, meta, header, payload=view, flags=0, size=size)
-            if self._lost:
-                dropped.extend(self._lost)
-                self._lost.clear()
+        async with st.lock:
+            if st.superseded:
+                await self._log.settle_superseded()
+            dropped = await self._log.append(key, meta, header, payload=view, flags=0, size=size)
+            if st.lost:
+                dropped.extend(st.lost)
+                st.lost.clear()
         # a reclaim may have dropped this key's previous entry; the key itself is stored
         return [k for k in dropped if k != key]
 
     async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
         self._check_open()
-        loc = self._index.get(key)
+        st = self._st
+        loc = st.index.get(key)
         if loc is None:
             return None
-        region = self._regions[loc.region]
-        self._index.touch(key)
-        self._tick += 1
-        region.last_access = self._tick
-        entry = await self._read_entry(region, loc)
+        region = st.regions[loc.region]
+        st.index.touch(key)
+        st.tick += 1
+        region.last_access = st.tick
+        entry = await self._log.read_entry(region, loc)
         if entry is None or entry[0].key != key:
-            current = self._index.get(key)
+            current = st.index.get(key)
             if current is not None and (current.region, current.offset) == (loc.region, loc.offset):
-                self._forget(key)
+                st.forget(key)
             if entry is not None:
-                self._counters["checksum_failures"] += 1
+                st.counters["checksum_failures"] += 1
             return None
         header, _raw, payload = entry
         return header.meta, payload
 
     async def delete(self, key: bytes) -> bool:
         self._check_open()
-        async with self._lock:
-            if self._superseded:
-                await self._settle_superseded()
-            meta = self._index.meta(key)
+        st = self._st
+        async with st.lock:
+            if st.superseded:
+                await self._log.settle_superseded()
+            meta = st.index.meta(key)
             if meta is None:
                 return False
             tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, meta.generation)
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
-            size = entry_size(len(header), 0, self._align)
-            old = self._forget(key)
+            size = entry_size(len(header), 0, st.align)
+            old = st.forget(key)
             assert old is not None
-            shadowed = (old, self._regions[old.region].seq)
-            self._lost.extend(await self._append(key, tomb, header, payload=b"",
-                                                flags=TOMBSTONE, size=size, shadowed=shadowed))
+            shadowed = (old, st.regions[old.region].seq)
+            st.lost.extend(await self._log.append(key, tomb, header, payload=b"",
+                                                  flags=TOMBSTONE, size=size, shadowed=shadowed))
         return True
 
     async def contains(self, key: bytes) -> bool:
         self._check_open()
-        return key in self._index
+        return key in self._st.index
 
     def keys(self) -> Iterator[bytes]:
-        return self._index.keys()
+        return self._st.index.keys()
 
     async def flush(self) -> None:
         self._check_open()
         await self._flush()
 
     async def _flush(self) -> None:
-        async with self._lock:
-            if self._sealing:
-                await asyncio.gather(*self._sealing, return_exceptions=True)
-            if self._superseded:  # one pass: failures of the regions it writes wait for the next
-                await self._settle_superseded()
-                if self._sealing:
-                    await asyncio.gather(*self._sealing, return_exceptions=True)
-            _d, io, _sb = self._dev_io()
-            head = self._head
+        st = self._st
+        async with st.lock:
+            if st.sealing:
+                await asyncio.gather(*st.sealing, return_exceptions=True)
+            if st.superseded:  # one pass: failures of the regions it writes wait for the next
+                await self._log.settle_superseded()
+                if st.sealing:
+                    await asyncio.gather(*st.sealing, return_exceptions=True)
+            _d, io, _sb = st.dev_io()
+            head = st.head
             if head is not None:
                 try:
-                    await self._drain_writes(head)
+                    await self._writes.drain(head)
                 except DeviceError as exc:
-                    self._retire_head(head, exc)  # sets `_write_error`
+                    self._writes.retire_head(head, exc)  # sets `write_error`
             await io.sync()
-            error, self._write_error = self._write_error, None
+            error, st.write_error = st.write_error, None
         if error is not None:
             raise error
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
+        st = self._st
         data = super().stats()
-        states = [r.state for r in self._regions]
-        data.update(self._counters)
+        states = [r.state for r in st.regions]
+        data.update(st.counters)
         data.update({
-            "backend": self._io.name if self._io is not None else None,
+            "backend": st.io.name if st.io is not None else None,
             "regions_used": sum(s is not RegionState.FREE for s in states),
             "regions_free": sum(s is RegionState.FREE for s in states),
-            "entries": len(self._index),
-            "buffer_bytes_mapped": self._pool.mapped,
-            "recovered_from": self._recovered_from,
+            "entries": len(st.index),
+            "buffer_bytes_mapped": st.pool.mapped,
+            "recovered_from": st.recovered_from,
         })
         return data
 
     def describe(self) -> dict[str, str]:
-        device = self._device
+        st = self._st
+        device = st.device
         info = {
             "path": str(self.config.path),
             "capacity": str(self.capacity),
             "region_size": str(self.config.region_size),
-            "regions": str(self._region_count),
+            "regions": str(st.region_count),
             "eviction": self.config.eviction.value,
         }
         if device is None:
@@ -355,14 +349,14 @@ class NvmeTier(NvmeRecovery, RegionLog, Tier):
         info.update({
             "device": "block device" if device.block_device else "regular file",
             "io": "direct (O_DIRECT)" if device.direct else "buffered (page cache)",
-            "backend": self._io.name if self._io is not None else "closed",
+            "backend": st.io.name if st.io is not None else "closed",
             "logical_block_size": (str(device.logical_block_size)
                                    if device.logical_block_size else "unknown (4096 assumed)"),
             "alignment": str(device.alignment),
             "queue_depth": str(self.config.queue_depth),
         })
-        if self._sb is not None:
-            info["uuid"] = format_uuid(self._sb.uuid)
+        if st.sb is not None:
+            info["uuid"] = format_uuid(st.sb.uuid)
         return info
 
 
