@@ -31,8 +31,12 @@ from tierkv._platform import cuda_available
 from tierkv.config import GpuTierConfig
 from tierkv.errors import TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
+from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
 from tierkv.tiers._slots import SlotAllocator
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier, TierKind
+
+#: memory of dropped tensor results kept for reuse on the CPU device (`_buffers`)
+RETAINED_RESULTS = 64 << 20
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,7 @@ class GpuTier(Tier):
         self._host: memoryview | None = None
         self._stream: Any = None
         self._waiter: ThreadPoolExecutor | None = None
+        self._results = BufferRecycler(RETAINED_RESULTS)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
@@ -156,8 +161,13 @@ class GpuTier(Tier):
                 return meta, bytes(self._host[offset : offset + meta.nbytes])
             # a plain memcpy: torch's clone would fan out to its intra-op thread pool, whose
             # workers spin on a busy machine and turned a 2 MiB copy into milliseconds
+            source = self._host[offset : offset + meta.nbytes]
+            if meta.nbytes >= MIN_RECYCLED:  # a fresh multi-MiB result page-faults every get
+                result = self._results.take(meta.nbytes)
+                result.data[:] = source
+                return meta, torch.from_numpy(result)
             out = torch.empty(meta.nbytes, dtype=torch.uint8)
-            memoryview(out.numpy())[:] = self._host[offset : offset + meta.nbytes]  # type: ignore[arg-type]
+            memoryview(out.numpy())[:] = source  # type: ignore[arg-type]
             return meta, out
         return meta, await self._copy_out(offset, meta)
 
