@@ -1,8 +1,10 @@
 """Moving payload bytes between host buffers and pool memory, hashing them on the way.
 
-Separate from the tier because these are the hot loops of put and get, tuned on their own
-(`CHUNK`; docs/benchmarks-pmem.md), and because they run on the loop (small objects) or on a
-copy thread (large ones): they touch only the memory they are given, never the tier's state.
+The Python copy path: what the tier runs where the native library (`_pmem_native`) is not built;
+`copy_out` also hands a get to the native library when it is. Separate from the tier because these
+are the hot loops of put and get, tuned on their own (`CHUNK`; docs/benchmarks-pmem.md), and
+because they run on the loop (small objects) or on the Python copy thread (large ones): they touch
+only the memory they are given, never the tier's state.
 """
 
 from __future__ import annotations

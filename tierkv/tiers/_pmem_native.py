@@ -104,8 +104,9 @@ Outcome = tuple[pmemobj.Oid, int, int, int]
 
 
 class NativePut:
-    """One prepared put (on the loop); `run` it on the copy thread. It owns every buffer the C
-    code reads (`parts`, `prefix`, the caller's `payload` view) until `run` returns."""
+    """One prepared put (on the loop): `run` inline, or queued to the native workers
+    (`_pmem_queue`). It owns every buffer the C code reads (`parts`, `prefix`, the caller's
+    `payload` view) until the C call is done; the queue keeps it referenced until then."""
 
     __slots__ = ("_args", "_keep", "_lib", "record_size")
 

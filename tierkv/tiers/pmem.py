@@ -311,7 +311,8 @@ class PmemTier(Tier):
 
     def _write(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview,
                header_guess: int) -> PoolObject:
-        """Allocate and fill one record; runs inline (small) or on a copy thread (large).
+        """The Python path: allocate and fill one record; runs inline (small) or on the Python
+        copy thread (large).
 
         The payload is copied and hashed in `CHUNK`s (hashing the chunk just written, still in
         the cache), so memory is read about once; the header, which holds the checksum, is
