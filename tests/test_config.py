@@ -282,6 +282,13 @@ CASES: dict[str, tuple[str, list[Edit]]] = {
     "queue-depth-zero": ("tiers[2].queue_depth", [("tiers.2.queue_depth", 0)]),
     "queue-depth-huge": ("tiers[2].queue_depth", [("tiers.2.queue_depth", 4097)]),
     "reinsert-negative": ("tiers[2].reinsert_hits", [("tiers.2.reinsert_hits", -1)]),
+    "sq-poll-too-short": ("tiers[2].sq_poll", [("tiers.2.sq_poll", "0.5ms"),
+                                               ("tiers.2.backend", "io_uring")]),
+    "sq-poll-too-long": ("tiers[2].sq_poll", [("tiers.2.sq_poll", "11s"),
+                                              ("tiers.2.backend", "io_uring")]),
+    "sq-poll-bool": ("tiers[2].sq_poll", [("tiers.2.sq_poll", True)]),
+    "sq-poll-word": ("tiers[2].sq_poll", [("tiers.2.sq_poll", "on")]),
+    "sq-poll-with-threads": ("tiers[2].sq_poll", [("tiers.2.sq_poll", "2ms")]),
     "failure-rate-above-1": ("health.failure_rate", [("health.failure_rate", 1.5)]),
     "failure-rate-nan": ("health.failure_rate", [("health.failure_rate", math.nan)]),
     "close-after-zero": ("health.close_after", [("health.close_after", 0)]),
@@ -596,3 +603,19 @@ def test_format_size(nbytes: float, expected: str) -> None:
 def test_format_size_round_trips_through_parse_size(count: int, unit: str) -> None:
     nbytes = count * UNITS[unit]
     assert parse_size(format_size(nbytes)) == nbytes
+
+
+def test_sq_poll_is_a_duration_or_off(doc: dict[str, Any]) -> None:
+    def sq_poll() -> float | None:
+        tier = load_config(doc).tiers[2]
+        assert isinstance(tier, NvmeTierConfig)
+        return tier.sq_poll
+
+    nvme = doc["tiers"][2]
+    nvme["backend"] = "io_uring"
+    nvme["sq_poll"] = "2ms"
+    assert sq_poll() == pytest.approx(0.002)
+    nvme["sq_poll"] = "off"
+    assert sq_poll() is None
+    del nvme["sq_poll"]
+    assert sq_poll() is None

@@ -84,10 +84,16 @@ class NvmeTierConfig:
     eviction: RegionEviction = RegionEviction.FIFO
     reinsert_hits: int = 2
     format: bool = False
+    #: io_uring submission-queue polling: a kernel thread takes submissions without a syscall and
+    #: sleeps after this many idle seconds; None: off (each submission is a syscall)
+    sq_poll: float | None = None
     kind: TierKind = field(default=TierKind.NVME, init=False)
 
 
 TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig
+#: bounds of `NvmeTierConfig.sq_poll` (the kernel takes whole milliseconds)
+SQ_POLL_MIN = 0.001
+SQ_POLL_MAX = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +225,12 @@ class _Table:
             raise self.error(key, "must be positive")
         return seconds
 
+    def duration_or_off(self, key: str) -> float | None:
+        """A duration, or ``None`` for "off" (the default)."""
+        if self._raw(key, "off") == "off":
+            return None
+        return self.duration(key, 0.0)
+
     def choice(self, key: str, enum_type: type[E], default: E) -> E:
         value = self._raw(key, default.value)
         try:
@@ -316,7 +328,13 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
             eviction=t.choice("eviction", RegionEviction, RegionEviction.FIFO),
             reinsert_hits=t.integer("reinsert_hits", 2, low=0, high=1 << 30),
             format=t.boolean("format", False),
+            sq_poll=t.duration_or_off("sq_poll"),
         )
+        if tier.sq_poll is not None and tier.backend is NvmeBackend.THREADS:
+            raise t.error("sq_poll", 'needs the io_uring backend, not "threads"')
+        if tier.sq_poll is not None and not SQ_POLL_MIN <= tier.sq_poll <= SQ_POLL_MAX:
+            raise t.error("sq_poll", f"must be between {SQ_POLL_MIN * 1000:g}ms and "
+                                     f"{SQ_POLL_MAX:g}s")
     t.finish()
     return tier
 

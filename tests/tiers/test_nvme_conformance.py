@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,17 @@ class TestNvmeThreads(TierConformance):
     async def test_backend_in_use(self, tier: Tier) -> None:
         assert tier.stats()["backend"] == "threads"
         assert tier.describe()["io"].startswith("direct")
+
+
+@pytest.mark.uring
+class TestNvmeUringSqPoll(TierConformance):
+    """The same contract with io_uring submission-queue polling (`sq_poll`)."""
+
+    async def make_tier(self, directory: Path) -> Tier:
+        config = nvme_config(directory, backend=NvmeBackend.IO_URING)
+        return NvmeTier(dataclasses.replace(config, sq_poll=0.002))
+
+    async def test_backend_in_use(self, tier: Tier) -> None:
+        assert tier.stats()["backend"] == "io_uring"
+        assert tier.stats()["sq_poll"] == 0.002
+        assert "2ms" in tier.describe()["sq_poll"]

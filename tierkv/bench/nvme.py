@@ -57,6 +57,7 @@ from typing import Any
 
 import aiofiles
 
+from tierkv._units import parse_duration
 from tierkv.bench.common import Progress, Row, no_progress
 from tierkv.config import NvmeBackend, NvmeTierConfig
 from tierkv.errors import ConfigError
@@ -77,6 +78,8 @@ class _Plan:
     fio_seconds: int
     files_cap: int
     pairs: int
+    #: the tier's `sq_poll` (io_uring submission-queue polling); None: off, the default
+    sq_poll: float | None = None
 
 
 _QUICK = _Plan(file_size=256 * MiB, region_size=32 * MiB, fio_seconds=1, files_cap=2048, pairs=3)
@@ -139,7 +142,8 @@ async def _drive(count: int, op: Callable[[int], Awaitable[None]], order: Sequen
 def _tier_config(path: Path, plan: _Plan) -> NvmeTierConfig:
     return NvmeTierConfig(name="bench", capacity=plan.file_size, path=path,
                           region_size=plan.region_size, queue_depth=QUEUE_DEPTH,
-                          backend=NvmeBackend.AUTO, reinsert_hits=0, format=True)
+                          backend=NvmeBackend.AUTO, reinsert_hits=0, format=True,
+                          sq_poll=plan.sq_poll)
 
 
 def _fill_count(path: Path, size: int, plan: _Plan) -> int:
@@ -345,13 +349,14 @@ async def _with_files(n: int, round_run: Awaitable[_Round], directory: Path, siz
 
 # -- the run -------------------------------------------------------------------------------------
 async def run_nvme_bench(directory: Path, *, quick: bool = False,
-                         progress: Progress = no_progress, pairs: int | None = None
-                         ) -> dict[str, Any]:
+                         progress: Progress = no_progress, pairs: int | None = None,
+                         sq_poll: float | None = None) -> dict[str, Any]:
     """Run the benchmark under `directory` (see the module docstring for what and how).
 
-    `pairs`: fio/tier pairs per fio-relative case (default 3 quick, 5 full).
+    `pairs`: fio/tier pairs per fio-relative case (default 3 quick, 5 full). `sq_poll`: run the
+    tier with io_uring submission-queue polling (`NvmeTierConfig.sq_poll`); fio is unchanged.
     """
-    plan = _QUICK if quick else _FULL
+    plan = dataclasses.replace(_QUICK if quick else _FULL, sq_poll=sq_poll)
     k = pairs if pairs is not None else plan.pairs
     if k < 1:
         raise ConfigError(f"pairs must be at least 1, got {k}")
@@ -466,7 +471,7 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
         "fio": fio,
         "config": {"quick": quick, "file_size": plan.file_size, "region_size": plan.region_size,
                    "queue_depth": QUEUE_DEPTH, "fio_seconds": plan.fio_seconds,
-                   "pairs": k, "directory": str(directory)},
+                   "pairs": k, "directory": str(directory), "sq_poll": plan.sq_poll},
     }
 
 
@@ -547,6 +552,8 @@ def _main(argv: Sequence[str]) -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller, shorter run")
     parser.add_argument("--seq-pairs", type=int, default=0, metavar="N",
                         help="only run N fio/tier sequential-fill pairs")
+    parser.add_argument("--sq-poll", type=parse_duration, default=None, metavar="DURATION",
+                        help="run the tier with io_uring submission-queue polling, e.g. 2ms")
     options = parser.parse_args(argv)
     quick, pairs, directory = options.quick, options.seq_pairs, options.directory
     if pairs:
@@ -557,7 +564,7 @@ def _main(argv: Sequence[str]) -> None:
         print(f"median ratio {data['median_ratio']:.2f} (range {data['min_ratio']:.2f}-"
               f"{data['max_ratio']:.2f}) over {pairs} pairs of {data['bytes'] // MiB} MiB fills")
         return
-    result = asyncio.run(run_nvme_bench(directory, quick=quick))
+    result = asyncio.run(run_nvme_bench(directory, quick=quick, sq_poll=options.sq_poll))
     for line in render_nvme_report(result):
         print(line)
     print(json.dumps(result, indent=1))

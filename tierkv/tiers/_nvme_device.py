@@ -119,12 +119,15 @@ def make_backend(config: NvmeTierConfig, device: Device) -> BlockIO:
         if reason is not None:
             log.info("%s: io_uring unavailable (%s); using the thread-pool backend",
                      config.path, reason)
+            if config.sq_poll is not None:
+                log.warning("%s: sq_poll ignored: it needs io_uring", config.path)
         from tierkv.tiers._threadio import ThreadIO
 
         return ThreadIO(device.fd, str(device.path), config.queue_depth)
     from tierkv.tiers._uring import UringIO
 
     try:
-        return UringIO(device.fd, str(device.path), config.queue_depth)
+        return UringIO(device.fd, str(device.path), config.queue_depth, config.sq_poll)
     except OSError as exc:
-        raise DeviceError(f"{config.path}: cannot set up io_uring: {exc}") from exc
+        what = " with sq_poll (submission-queue polling)" if config.sq_poll is not None else ""
+        raise DeviceError(f"{config.path}: cannot set up io_uring{what}: {exc}") from exc

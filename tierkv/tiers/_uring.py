@@ -40,18 +40,36 @@ class _Op(enum.Enum):
     WRITE = "write"
 
 
+#: io_uring_setup(2)'s flag for a kernel thread that polls the submission queue
+_IORING_SETUP_SQPOLL = 1 << 1
+#: reissues of one request that completed with -EAGAIN before it counts as a device error
+_EAGAIN_RETRIES = 64
+
+
 class UringIO:
     """`BlockIO` over io_uring (see the module docstring). Create it inside the running loop."""
 
     name = "io_uring"
 
-    def __init__(self, fd: int, path: str, queue_depth: int) -> None:
+    def __init__(self, fd: int, path: str, queue_depth: int, sq_poll: float | None = None) -> None:
+        """`sq_poll`: seconds after which the kernel's submission-polling thread sleeps (the ring
+        is set up with ``IORING_SETUP_SQPOLL``); ``None``: every submission enters the kernel."""
         import pyuring
 
         self._fd = fd
         self._path = path
         entries = 1 << max(1, (queue_depth - 1).bit_length())
-        self._ctx: Any = pyuring.direct.UringCtx(entries=entries)
+        if sq_poll is not None:
+            # the kernel thread frees an SQE only when it picks it up, so queued SQEs can add up
+            # to every request in flight (queue_depth, plus an urgent one): leave room for them
+            entries *= 2
+        if sq_poll is None:
+            self._ctx: Any = pyuring.direct.UringCtx(entries=entries)
+        else:
+            self._ctx = pyuring.direct.UringCtx(entries=entries, setup_flags=_IORING_SETUP_SQPOLL,
+                                                sq_thread_idle=max(1, round(sq_poll * 1000)))
+        self.sq_poll = sq_poll
+        self.eagain_retries = 0
         self._ring_fd: int = self._ctx.ring_fd
         self._loop = asyncio.get_running_loop()
         self._pending: dict[int, tuple[asyncio.Future[int], AlignedBuffer]] = {}
@@ -104,8 +122,15 @@ class UringIO:
         self, op: _Op, buf: AlignedBuffer, start: int, offset: int, length: int
     ) -> None:
         done = 0
+        retries = 0
         while done < length:
             result = await self._one(op, buf, start + done, offset + done, length - done)
+            if result == -errno.EAGAIN and retries < _EAGAIN_RETRIES:
+                # the kernel may complete a request it could not issue without blocking with
+                # -EAGAIN (seen for O_DIRECT writes issued by the SQPOLL thread): issue it again
+                retries += 1
+                self.eagain_retries += 1
+                continue
             if result < 0:
                 raise device_error(op.value, self._path, -result, offset + done)
             if result == 0:

@@ -325,6 +325,8 @@ class NvmeTier(Tier):
         data.update(st.counters)
         data.update({
             "backend": st.io.name if st.io is not None else None,
+            "sq_poll": getattr(st.io, "sq_poll", None),
+            "eagain_retries": getattr(st.io, "eagain_retries", 0),
             "regions_used": sum(s is not RegionState.FREE for s in states),
             "regions_free": sum(s is RegionState.FREE for s in states),
             "entries": len(st.index),
@@ -355,6 +357,9 @@ class NvmeTier(Tier):
             "alignment": str(device.alignment),
             "queue_depth": str(self.config.queue_depth),
         })
+        sq_poll = getattr(st.io, "sq_poll", None)
+        if sq_poll is not None:
+            info["sq_poll"] = f"kernel submission polling, idle after {sq_poll * 1000:g}ms"
         if st.sb is not None:
             info["uuid"] = format_uuid(st.sb.uuid)
         return info
@@ -371,5 +376,7 @@ def probe(config: NvmeTierConfig) -> dict[str, str]:
         "o_direct": ("supported" if o_direct_supported(config.path)
                      else "refused (use direct = false)"),
         "backend": config.backend.value,
+        "sq_poll": ("off" if config.sq_poll is None
+                    else f"on, idle after {config.sq_poll * 1000:g}ms"),
         "path_exists": "yes" if config.path.exists() else "no (created at open)",
     }
