@@ -32,6 +32,23 @@ def io_uring_available() -> str | None:
 
 
 @functools.cache
+def io_uring_sqpoll_available() -> str | None:
+    """``None`` when an io_uring with submission-queue polling can be set up here, else why not
+    (kernels before 5.11 reserve it to privileged users; some sandboxes refuse it)."""
+    reason = io_uring_available()
+    if reason is not None:
+        return reason
+    import pyuring
+
+    try:
+        ctx = pyuring.direct.UringCtx(entries=2, setup_flags=1 << 1, sq_thread_idle=1)
+    except Exception as exc:
+        return f"io_uring_setup with IORING_SETUP_SQPOLL failed: {exc}"
+    ctx.close()
+    return None
+
+
+@functools.cache
 def libpmemobj_available() -> str | None:
     """``None`` when libpmemobj and libpmem can be loaded, else why not."""
     for name in ("pmemobj", "pmem"):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.tiers._nvme_support import nvme_config
+from tierkv._platform import io_uring_sqpoll_available
 from tierkv.config import NvmeBackend
 from tierkv.testing import TierConformance
 from tierkv.tiers.base import Tier
@@ -38,6 +39,9 @@ class TestNvmeUringSqPoll(TierConformance):
     """The same contract with io_uring submission-queue polling (`sq_poll`)."""
 
     async def make_tier(self, directory: Path) -> Tier:
+        reason = io_uring_sqpoll_available()
+        if reason is not None:
+            pytest.skip(f"sq_poll: {reason}")
         config = nvme_config(directory, backend=NvmeBackend.IO_URING)
         return NvmeTier(dataclasses.replace(config, sq_poll=0.002))
 
