@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from tests.tiers._nvme_support import nvme_config
 from tierkv.tiers._aligned import HUGE_MIN, PAGE, AlignedBuffer, AlignedPool
+from tierkv.tiers._nvme_state import SEALS_IN_FLIGHT
+from tierkv.tiers.nvme import NvmeTier
 
 
 def test_prefaulted_buffer_is_zeroed_aligned_and_writable() -> None:
@@ -30,3 +34,29 @@ def test_pool_reuses_a_released_region_buffer() -> None:
         pool.release(again)
     finally:
         pool.close()
+
+
+def test_warm_pool_serves_without_mapping() -> None:
+    pool = AlignedPool()
+    try:
+        pool.warm(HUGE_MIN, 3)
+        assert pool.misses == 3 and pool.mapped == 3 * HUGE_MIN
+        held = [pool.acquire(HUGE_MIN) for _ in range(3)]
+        assert pool.misses == 3  # all three came from the warmed free list
+        for buf in held:
+            pool.release(buf)
+        pool.warm(HUGE_MIN, 3)  # already there: nothing new is mapped
+        assert pool.misses == 3
+    finally:
+        pool.close()
+
+
+async def test_open_tier_has_its_region_buffers_mapped(tmp_path: Path) -> None:
+    """The head and the regions being sealed never fault their buffers in during a put."""
+    config = nvme_config(tmp_path)
+    tier = NvmeTier(config)
+    await tier.open()
+    try:
+        assert tier.stats()["buffer_bytes_mapped"] >= (1 + SEALS_IN_FLIGHT) * config.region_size
+    finally:
+        await tier.close()

@@ -107,6 +107,13 @@ class AlignedPool:
         self.mapped += size
         return AlignedBuffer(size, prefault=prefault)
 
+    def warm(self, nbytes: int, count: int) -> None:
+        """Map and prefault buffers so that `count` of at least `nbytes` are idle in the pool, for
+        a path that must not stop to fault memory in later (within the pool's limits)."""
+        buffers = [self.acquire(nbytes, prefault=True) for _ in range(count)]
+        for buf in buffers:
+            self.release(buf)
+
     def release(self, buf: AlignedBuffer) -> None:
         free = self._free.setdefault(buf.size, [])
         if len(free) < self._keep_per_class and self._idle_bytes + buf.size <= self._keep_bytes:

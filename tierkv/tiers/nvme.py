@@ -91,7 +91,7 @@ from tierkv.tiers._nvme_index import NvmeIndex
 from tierkv.tiers._nvme_log import RegionLog
 from tierkv.tiers._nvme_recovery import NvmeRecovery
 from tierkv.tiers._nvme_regions import Region, RegionState
-from tierkv.tiers._nvme_state import LogState, log
+from tierkv.tiers._nvme_state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers._nvme_writes import RegionWrites
 from tierkv.tiers.base import RecoveredObject, Tier, TierKind
 
@@ -152,6 +152,10 @@ class NvmeTier(Tier):
             st.io = make_backend(self.config, device)
             st.regions = [Region(i) for i in range(st.region_count)]
             await self._recovery.load_or_format(device)
+            # the head and the regions being sealed each fill one region buffer: fault them in
+            # now, not in the put that rotates the head (a 64 MiB prefault stalled the loop, and
+            # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
+            st.pool.warm(self.config.region_size, 1 + SEALS_IN_FLIGHT)
         except BaseException:
             await self._release()
             if device.created:
