@@ -31,6 +31,10 @@ def io_uring_available() -> str | None:
     return None
 
 
+#: io_uring_setup(2)'s flag for a kernel thread that polls the submission queue
+IORING_SETUP_SQPOLL = 1 << 1
+
+
 @functools.cache
 def io_uring_sqpoll_available() -> str | None:
     """``None`` when an io_uring with submission-queue polling can be set up here, else why not
@@ -41,7 +45,8 @@ def io_uring_sqpoll_available() -> str | None:
     import pyuring
 
     try:
-        ctx = pyuring.direct.UringCtx(entries=2, setup_flags=1 << 1, sq_thread_idle=1)
+        ctx = pyuring.direct.UringCtx(entries=2, setup_flags=IORING_SETUP_SQPOLL,
+                                        sq_thread_idle=1)
     except Exception as exc:
         return f"io_uring_setup with IORING_SETUP_SQPOLL failed: {exc}"
     ctx.close()

@@ -27,6 +27,7 @@ import errno
 import logging
 from typing import Any
 
+from tierkv._platform import IORING_SETUP_SQPOLL
 from tierkv.tiers._aligned import AlignedBuffer
 from tierkv.tiers._blockio import device_error, end_of_device, fdatasync
 
@@ -40,8 +41,6 @@ class _Op(enum.Enum):
     WRITE = "write"
 
 
-#: io_uring_setup(2)'s flag for a kernel thread that polls the submission queue
-_IORING_SETUP_SQPOLL = 1 << 1
 #: reissues of one request that completed with -EAGAIN before it counts as a device error
 _EAGAIN_RETRIES = 64
 
@@ -66,7 +65,7 @@ class UringIO:
         if sq_poll is None:
             self._ctx: Any = pyuring.direct.UringCtx(entries=entries)
         else:
-            self._ctx = pyuring.direct.UringCtx(entries=entries, setup_flags=_IORING_SETUP_SQPOLL,
+            self._ctx = pyuring.direct.UringCtx(entries=entries, setup_flags=IORING_SETUP_SQPOLL,
                                                 sq_thread_idle=max(1, round(sq_poll * 1000)))
         self.sq_poll = sq_poll
         self.eagain_retries = 0

@@ -148,8 +148,10 @@ class PmemTier(Tier):
         except BaseException:
             await copier.close()
             raise
-        self._copy_threads = copier
-        if self._native is not None:
+        if self._native is None:
+            self._copy_threads = copier
+        else:  # the native workers take every large copy: the Python thread was for the walk
+            await copier.close()
             self._native_queue = NativeQueue(self._native, loop, NATIVE_WORKERS)
         return recovered
 
@@ -445,7 +447,7 @@ class PmemTier(Tier):
         return self._native_queue
 
     def _copier(self) -> CopyThreads:
-        assert self._copy_threads is not None  # set for the whole time the tier is open
+        assert self._copy_threads is not None  # open on the Python copy path
         return self._copy_threads
 
     async def delete(self, key: bytes) -> bool:
