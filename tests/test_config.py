@@ -34,9 +34,9 @@ from tierkv.config import (
     PmemTierConfig,
     RegionEviction,
     SchedulerConfig,
+    TierKind,
     WritePolicy,
 )
-from tierkv.tiers.base import TierKind
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "devices.toml"
 MiB = 1 << 20

@@ -26,7 +26,7 @@ from tierkv._platform import cuda_available, io_uring_available, libpmemobj_avai
 from tierkv._units import format_size, parse_size
 from tierkv.bench.common import Row
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig, load_config
-from tierkv.defaults import default_config, shm_or
+from tierkv.config.default import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
 
 console = Console()

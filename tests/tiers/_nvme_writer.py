@@ -27,7 +27,7 @@ from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload
 from tierkv.config import NvmeBackend, RegionEviction
 from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 
 async def crash(directory: Path, backend: NvmeBackend) -> None:

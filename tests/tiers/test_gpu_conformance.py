@@ -9,7 +9,7 @@ import pytest
 from tierkv.config import GpuTierConfig
 from tierkv.testing import TierConformance
 from tierkv.tiers.base import Tier
-from tierkv.tiers.gpu import GpuTier
+from tierkv.tiers.gpu.tier import GpuTier
 
 
 class TestGpuTierOnCpu(TierConformance):

@@ -12,7 +12,7 @@ from tierkv.errors import TierFullError
 from tierkv.formats.value import ObjectMeta, ValueKind, encode_value
 from tierkv.testing import payload_bytes
 from tierkv.tiers.base import ZeroCopyPinning
-from tierkv.tiers.gpu import GpuTier
+from tierkv.tiers.gpu.tier import GpuTier
 
 SLOT = 1024
 

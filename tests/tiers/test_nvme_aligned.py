@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 from tests.tiers._nvme_support import nvme_config
-from tierkv.tiers._aligned import HUGE_MIN, PAGE, AlignedBuffer, AlignedPool
-from tierkv.tiers._nvme_state import SEALS_IN_FLIGHT
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT
+from tierkv.tiers.nvme.io._aligned import HUGE_MIN, PAGE, AlignedBuffer, AlignedPool
+from tierkv.tiers.nvme.tier import NvmeTier
 
 
 def test_prefaulted_buffer_is_zeroed_aligned_and_writable() -> None:

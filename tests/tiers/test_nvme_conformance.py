@@ -12,7 +12,7 @@ from tierkv._platform import io_uring_sqpoll_available
 from tierkv.config import NvmeBackend
 from tierkv.testing import TierConformance
 from tierkv.tiers.base import Tier
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 
 @pytest.mark.uring

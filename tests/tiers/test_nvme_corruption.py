@@ -11,7 +11,7 @@ import pytest
 
 from tests.tiers._nvme_support import find_unique, flip_byte, key, meta_of, nvme_config, payload_for
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 
 class Where(enum.Enum):

@@ -15,7 +15,7 @@ import pytest
 from tests.tiers._nvme_support import key, nvme_config, payload_for
 from tierkv.config import NvmeBackend
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).with_name("_nvme_writer.py")

@@ -25,7 +25,7 @@ from tierkv.config import NvmeBackend
 from tierkv.errors import ConfigError, DeviceError
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, Superblock, encode_superblock
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier, probe
+from tierkv.tiers.nvme.tier import NvmeTier, probe
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).with_name("_nvme_writer.py")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers._nvme_index import Location, NvmeIndex
+from tierkv.tiers.nvme._index import Location, NvmeIndex
 
 UNIT = 4096
 _Record = tuple[int, int, int, ObjectMeta, int]  # region, offset, length, meta, hits

@@ -22,7 +22,7 @@ from tests.tiers._nvme_support import nvme_config
 from tests.tiers._nvme_writer import key_id, versioned
 from tierkv.config import NvmeBackend, RegionEviction
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).with_name("_nvme_writer.py")

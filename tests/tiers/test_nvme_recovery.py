@@ -24,7 +24,7 @@ from tierkv.config import NvmeBackend
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, decode_superblock
 from tierkv.formats.value import encode_value
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 BACKENDS = [pytest.param(NvmeBackend.IO_URING, marks=pytest.mark.uring), NvmeBackend.THREADS]
 

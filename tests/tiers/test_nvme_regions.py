@@ -9,7 +9,7 @@ from pathlib import Path
 from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for
 from tierkv.config import RegionEviction
 from tierkv.testing import payload_bytes
-from tierkv.tiers.nvme import NvmeTier
+from tierkv.tiers.nvme.tier import NvmeTier
 
 
 async def _put_all(tier: NvmeTier, ids: range, size: int = 8000) -> set[bytes]:

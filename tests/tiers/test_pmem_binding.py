@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tierkv.errors import DeviceError
-from tierkv.tiers import _pmemobj as pm
+from tierkv.tiers.pmem import _pmemobj as pm
 
 pytestmark = pytest.mark.pmem
 

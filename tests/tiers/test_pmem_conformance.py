@@ -9,7 +9,7 @@ import pytest
 from tierkv.config import PmemTierConfig
 from tierkv.testing import TierConformance
 from tierkv.tiers.base import Tier
-from tierkv.tiers.pmem import PmemTier
+from tierkv.tiers.pmem.tier import PmemTier
 
 pytestmark = pytest.mark.pmem
 

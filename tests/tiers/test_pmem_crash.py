@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tierkv.config import PmemTierConfig
-from tierkv.tiers.pmem import PmemTier
+from tierkv.tiers.pmem.tier import PmemTier
 
 pytestmark = [pytest.mark.pmem, pytest.mark.crash]
 
@@ -37,7 +37,7 @@ ZYGOTE = textwrap.dedent("""
     from pathlib import Path
     from tierkv.config import PmemTierConfig
     from tierkv.formats.value import ObjectMeta, ValueKind
-    from tierkv.tiers.pmem import PmemTier
+    from tierkv.tiers.pmem.tier import PmemTier
 
     SIZES = (0, 100, 4000, 70_000, 300_000)
 

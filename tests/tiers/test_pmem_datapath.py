@@ -15,9 +15,9 @@ from tierkv.errors import TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers import _pmemobj as pm
-from tierkv.tiers._pmem_native import load as load_native
-from tierkv.tiers.pmem import CHUNK, LARGE_COPY, PmemTier
+from tierkv.tiers.pmem import _pmemobj as pm
+from tierkv.tiers.pmem._native import load as load_native
+from tierkv.tiers.pmem.tier import CHUNK, LARGE_COPY, PmemTier
 
 pytestmark = pytest.mark.pmem
 

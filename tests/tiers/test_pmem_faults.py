@@ -16,8 +16,8 @@ from tierkv.config import PmemTierConfig
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers import _pmemobj as pm
-from tierkv.tiers.pmem import PmemTier
+from tierkv.tiers.pmem import _pmemobj as pm
+from tierkv.tiers.pmem.tier import PmemTier
 
 pytestmark = pytest.mark.pmem
 
@@ -111,7 +111,7 @@ async def test_second_process_gets_in_use(tier_pool: Path) -> None:
         import asyncio, sys
         from pathlib import Path
         from tierkv.config import PmemTierConfig
-        from tierkv.tiers.pmem import PmemTier
+        from tierkv.tiers.pmem.tier import PmemTier
         async def main():
             other = PmemTier(PmemTierConfig("pmem", {CAPACITY}, Path({str(tier_pool)!r})))
             try:

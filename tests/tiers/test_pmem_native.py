@@ -17,16 +17,16 @@ from tierkv.config import PmemTierConfig
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import encode_header_parts
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers import _pmemobj as pm
-from tierkv.tiers._pmem_native import (
+from tierkv.tiers.pmem import _pmemobj as pm
+from tierkv.tiers.pmem._native import (
     HEADER_FIXED,
     WIDEST_CHECKSUM,
     NativeCopies,
     NativePut,
     abi_mismatch,
 )
-from tierkv.tiers._pmem_native import load as load_native
-from tierkv.tiers.pmem import PmemTier
+from tierkv.tiers.pmem._native import load as load_native
+from tierkv.tiers.pmem.tier import PmemTier
 
 pytestmark = pytest.mark.pmem
 

@@ -12,8 +12,8 @@ from tierkv.config import PmemTierConfig
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.value import ObjectMeta, ValueKind, encode_value
-from tierkv.tiers import _pmemobj as pm
-from tierkv.tiers.pmem import LARGE_COPY, PmemTier
+from tierkv.tiers.pmem import _pmemobj as pm
+from tierkv.tiers.pmem.tier import LARGE_COPY, PmemTier
 
 pytestmark = pytest.mark.pmem
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tierkv.tiers._slots import SlotAllocator
+from tierkv.tiers.gpu._slots import SlotAllocator
 
 TOTAL = 24
 

@@ -1,5 +1,5 @@
 /* Shared declarations of the pmem tier's native library: pmem_copy.c and copy_queue.c.
- * The Python mirror of these structures is tierkv/tiers/_pmem_native.py: change both together. */
+ * The Python mirror of these structures is tierkv/tiers/pmem/_native.py: change both together. */
 #ifndef TIERKV_COPY_QUEUE_H
 #define TIERKV_COPY_QUEUE_H
 

@@ -1,7 +1,7 @@
 /* Native hot paths of the pmem tier: fill a record inside PMDK's allocation constructor, and
  * copy a payload out while verifying it; both hash (xxh3-64) and copy in one pass, hold no GIL.
  *
- * Built by setup.py, loaded with ctypes by tierkv/tiers/_pmem_native.py; PMDK's functions are
+ * Built by setup.py, loaded with ctypes by tierkv/tiers/pmem/_native.py; PMDK's functions are
  * passed in as pointers (struct tkv_pmem_api), so the library links against nothing but libc and
  * needs only xxhash.h (inline). copy_queue.c runs these on worker threads.
  */

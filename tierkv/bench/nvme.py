@@ -148,7 +148,7 @@ def _tier_config(path: Path, plan: _Plan) -> NvmeTierConfig:
 
 def _fill_count(path: Path, size: int, plan: _Plan) -> int:
     """How many objects of `size` bytes a tier run puts: 85 % of the capacity."""
-    from tierkv.tiers.nvme import NvmeTier
+    from tierkv.tiers.nvme.tier import NvmeTier
 
     tier = NvmeTier(_tier_config(path, plan))  # never opened: geometry only
     return int(tier.capacity * 0.85) // tier.footprint(size)
@@ -156,7 +156,7 @@ def _fill_count(path: Path, size: int, plan: _Plan) -> int:
 
 async def _tier_run(path: Path, size: int, plan: _Plan, *, random_order: bool,
                     reads: bool) -> dict[str, float]:
-    from tierkv.tiers.nvme import NvmeTier
+    from tierkv.tiers.nvme.tier import NvmeTier
 
     tier = NvmeTier(_tier_config(path, plan))
     await tier.open()
@@ -233,7 +233,7 @@ def index_bytes_per_entry(entries: int = INDEX_ENTRIES, *, traced: bool = True) 
     included; ~40 s for 1 M entries, as tracemalloc slows each int allocation). Otherwise
     `NvmeIndex.memory_bytes()` (sys.getsizeof of its containers; a second).
     """
-    from tierkv.tiers._nvme_index import NvmeIndex
+    from tierkv.tiers.nvme._index import NvmeIndex
 
     meta = _meta(4096)
     gc.collect()

@@ -28,7 +28,7 @@ from tierkv._units import format_size
 from tierkv.bench.common import Progress, Row, no_progress, percentile
 from tierkv.config import PmemTierConfig
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers.pmem import PmemTier
+from tierkv.tiers.pmem.tier import PmemTier
 
 SIZES = (256 << 10, 1 << 20, 4 << 20)
 TARGET = 0.70

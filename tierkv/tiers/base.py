@@ -32,14 +32,9 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from tierkv.config.schema import TierKind
 from tierkv.errors import EngineClosedError
 from tierkv.formats.value import ObjectMeta, Payload
-
-
-class TierKind(enum.Enum):
-    GPU = "gpu"
-    PMEM = "pmem"
-    NVME = "nvme"
 
 
 class TierState(enum.Enum):

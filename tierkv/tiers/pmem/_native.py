@@ -9,7 +9,7 @@ neither holds any Python object: the put's inputs are kept alive by the `NativeP
 holds until the call returns.
 
 The library is built at install time (setup.py) and is optional: `load` returns ``None`` when it
-is absent and the tier keeps its Python path (`_pmem_copy`), saying so in `stats`/`describe`.
+is absent and the tier keeps its Python path (`_copy`), saying so in `stats`/`describe`.
 PMDK's functions are handed to the library as pointers from the binding already loaded
 (`_pmemobj.library`), so it links against nothing.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 import tierkv._native
 from tierkv.errors import DeviceError
 from tierkv.formats.header import HeaderParts
-from tierkv.tiers import _pmemobj as pmemobj
+from tierkv.tiers.pmem import _pmemobj as pmemobj
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ Outcome = tuple[pmemobj.Oid, int, int, int]
 
 class NativePut:
     """One prepared put (on the loop): `run` inline, or queued to the native workers
-    (`_pmem_queue`). It owns every buffer the C code reads (`parts`, `prefix`, the caller's
+    (`_queue`). It owns every buffer the C code reads (`parts`, `prefix`, the caller's
     `payload` view) until the C call is done; the queue keeps it referenced until then."""
 
     __slots__ = ("_args", "_keep", "_lib", "record_size")
@@ -143,7 +143,7 @@ class NativePut:
 
     @property
     def address(self) -> int:
-        """The address of the C structure, for a queued job (`_pmem_queue`)."""
+        """The address of the C structure, for a queued job (`_queue`)."""
         return ctypes.addressof(self._args)
 
     def outcome(self, oid: pmemobj.PMEMoid) -> Outcome:

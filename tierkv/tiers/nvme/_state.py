@@ -1,11 +1,11 @@
 """The NVMe tier's log state, in one owner: `LogState`, with its geometry and index bookkeeping.
 
 `NvmeTier` is built from layers, each an object in its own module that holds this state and the
-layers below it: the write-behind of region buffers (`_nvme_writes`); on top of that the append
-log with region reclaim (`_nvme_log`) and, apart from it, checkpoints (`_nvme_checkpoint`) under
-open-time recovery (`_nvme_recovery`). The state is created once by `NvmeTier.__init__` and
+layers below it: the write-behind of region buffers (`_writes`); on top of that the append
+log with region reclaim (`_log`) and, apart from it, checkpoints (`_checkpoint`) under
+open-time recovery (`_recovery`). The state is created once by `NvmeTier.__init__` and
 shared by reference, so every layer sees the same regions, index, head, lock and counters; see
-`tierkv.tiers.nvme` for the contract. Helpers here touch nothing but the state.
+`tierkv.tiers.nvme.tier` for the contract. Helpers here touch nothing but the state.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from tierkv.config import NvmeTierConfig
 from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, Superblock
 from tierkv.formats.value import ObjectMeta
-from tierkv.tiers._aligned import AlignedPool
-from tierkv.tiers._blockio import BlockIO
-from tierkv.tiers._nvme_device import Device
-from tierkv.tiers._nvme_index import Location, NvmeIndex
-from tierkv.tiers._nvme_regions import Region, RegionState, Superseded
+from tierkv.tiers.nvme._device import Device
+from tierkv.tiers.nvme._index import Location, NvmeIndex
+from tierkv.tiers.nvme._regions import Region, RegionState, Superseded
+from tierkv.tiers.nvme.io._aligned import AlignedPool
+from tierkv.tiers.nvme.io._blockio import BlockIO
 
 #: the records of every layer keep the tier's logger name, as before the tier was split up
-log = logging.getLogger("tierkv.tiers.nvme")
+log = logging.getLogger("tierkv.tiers.nvme.tier")
 
 #: sealed regions written in the background at once; a rotation waits for a slot
 SEALS_IN_FLIGHT = 2

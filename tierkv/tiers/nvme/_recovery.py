@@ -2,7 +2,7 @@
 
 Separate because it is the open-time decision: adopt an existing superblock (checked against the
 config), refuse another format unless ``format = true``, or format; then load the checkpoint or
-rebuild the index by scanning regions (`_nvme_scan`). `NvmeRecovery` holds the tier's `LogState`
+rebuild the index by scanning regions (`_scan`). `NvmeRecovery` holds the tier's `LogState`
 and the checkpoint layer (`CheckpointIO`) whose superblock writes and loads it uses.
 """
 
@@ -18,11 +18,11 @@ from tierkv.formats.nvme_layout import (
     decode_superblock,
     new_uuid,
 )
-from tierkv.tiers._nvme_checkpoint import CheckpointIO
-from tierkv.tiers._nvme_device import Device
-from tierkv.tiers._nvme_regions import RegionState
-from tierkv.tiers._nvme_scan import scan_regions
-from tierkv.tiers._nvme_state import LogState, log
+from tierkv.tiers.nvme._checkpoint import CheckpointIO
+from tierkv.tiers.nvme._device import Device
+from tierkv.tiers.nvme._regions import RegionState
+from tierkv.tiers.nvme._scan import scan_regions
+from tierkv.tiers.nvme._state import LogState, log
 
 
 class NvmeRecovery:

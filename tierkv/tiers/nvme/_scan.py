@@ -25,8 +25,8 @@ from tierkv.formats.nvme_layout import (
     has_entry_magic,
 )
 from tierkv.formats.value import ObjectMeta
-from tierkv.tiers._aligned import AlignedPool
-from tierkv.tiers._blockio import BlockIO
+from tierkv.tiers.nvme.io._aligned import AlignedPool
+from tierkv.tiers.nvme.io._blockio import BlockIO
 
 _CHUNK = 1 << 20
 

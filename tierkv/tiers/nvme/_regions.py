@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tierkv.errors import DeviceError
-from tierkv.tiers._aligned import AlignedBuffer
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 
 
 class RegionState(enum.Enum):

@@ -1,10 +1,10 @@
-"""The TOML device configuration: schema, validation and loading.
+"""Loading and validating the TOML device configuration.
 
 `load_config` takes a path to a TOML file, the text of one (`load_config_text`), an already parsed
-mapping, or a `Config`, and returns a validated, immutable `Config`. Every mistake raises
-`ConfigError` whose message starts with the key path (``tiers[1].capacity: …``). Checks that need
-the machine (a CUDA device that must exist, a path that must be creatable and writable) run here
-too, so a bad config fails before any device is touched.
+mapping, or a `Config`, and returns a validated, immutable `Config` (`tierkv.config.schema`).
+Every mistake raises `ConfigError` whose message starts with the key path (``tiers[1].capacity:
+…``). Checks that need the machine (a CUDA device that must exist, a path that must be creatable
+and writable) run here too, so a bad config fails before any device is touched.
 """
 
 from __future__ import annotations
@@ -14,109 +14,32 @@ import math
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tierkv._units import parse_duration, parse_size
+from tierkv.config.schema import (
+    MIN_PMEM_POOL,
+    NVME_SUPERBLOCK,
+    SQ_POLL_MAX,
+    SQ_POLL_MIN,
+    Config,
+    EngineConfig,
+    EvictionPolicy,
+    GpuTierConfig,
+    HealthConfig,
+    NvmeBackend,
+    NvmeTierConfig,
+    PmemTierConfig,
+    RegionEviction,
+    SchedulerConfig,
+    TierConfig,
+    TierKind,
+    WritePolicy,
+)
 from tierkv.errors import ConfigError
-from tierkv.tiers.base import TierKind
 
 E = TypeVar("E", bound=enum.Enum)
-
-MIN_PMEM_POOL = 8 << 20  # PMEMOBJ_MIN_POOL in PMDK 1.12
-NVME_SUPERBLOCK = 4096
-
-
-class WritePolicy(enum.Enum):
-    WRITE_BACK = "write_back"
-    WRITE_THROUGH = "write_through"
-
-
-class NvmeBackend(enum.Enum):
-    AUTO = "auto"
-    IO_URING = "io_uring"
-    THREADS = "threads"
-
-
-class RegionEviction(enum.Enum):
-    FIFO = "fifo"
-    LRU = "lru"
-
-
-class EvictionPolicy(enum.Enum):
-    LRU = "lru"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    write_policy: WritePolicy = WritePolicy.WRITE_BACK
-
-
-@dataclass(frozen=True, slots=True)
-class GpuTierConfig:
-    name: str
-    capacity: int
-    device: str = "auto"
-    slot_size: int = 2 << 20
-    ttl: float = 5.0
-    kind: TierKind = field(default=TierKind.GPU, init=False)
-
-
-@dataclass(frozen=True, slots=True)
-class PmemTierConfig:
-    name: str
-    capacity: int
-    path: Path
-    format: bool = False
-    kind: TierKind = field(default=TierKind.PMEM, init=False)
-
-
-@dataclass(frozen=True, slots=True)
-class NvmeTierConfig:
-    name: str
-    capacity: int
-    path: Path
-    region_size: int = 64 << 20
-    queue_depth: int = 32
-    direct: bool = True
-    backend: NvmeBackend = NvmeBackend.AUTO
-    eviction: RegionEviction = RegionEviction.FIFO
-    reinsert_hits: int = 2
-    format: bool = False
-    #: io_uring submission-queue polling: a kernel thread takes submissions without a syscall and
-    #: sleeps after this many idle seconds; None: off (each submission is a syscall)
-    sq_poll: float | None = None
-    kind: TierKind = field(default=TierKind.NVME, init=False)
-
-
-TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig
-#: bounds of `NvmeTierConfig.sq_poll` (the kernel takes whole milliseconds)
-SQ_POLL_MIN = 0.001
-SQ_POLL_MAX = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    policy: EvictionPolicy = EvictionPolicy.LRU
-
-
-@dataclass(frozen=True, slots=True)
-class HealthConfig:
-    failure_rate: float = 0.6
-    window: float = 60.0
-    slow_operation: float = 0.8
-    cooldown: float = 300.0
-    close_after: int = 3
-    entropy_alert_bits: float = 1.2
-
-
-@dataclass(frozen=True, slots=True)
-class Config:
-    tiers: tuple[TierConfig, ...]
-    engine: EngineConfig = EngineConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    health: HealthConfig = HealthConfig()
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> Config:

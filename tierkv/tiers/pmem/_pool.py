@@ -19,8 +19,8 @@ from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import verify_payload
 from tierkv.formats.value import ObjectMeta
-from tierkv.tiers import _pmemobj as pmemobj
-from tierkv.tiers._pmem_copy import pool_view
+from tierkv.tiers.pmem import _pmemobj as pmemobj
+from tierkv.tiers.pmem._copy import pool_view
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from tierkv._platform import io_uring_available
 from tierkv.config import NvmeBackend, NvmeTierConfig
 from tierkv.errors import DeviceError
-from tierkv.tiers._blockio import BlockIO
+from tierkv.tiers.nvme.io._blockio import BlockIO
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,10 @@ def make_backend(config: NvmeTierConfig, device: Device) -> BlockIO:
                      config.path, reason)
             if config.sq_poll is not None:
                 log.warning("%s: sq_poll ignored: it needs io_uring", config.path)
-        from tierkv.tiers._threadio import ThreadIO
+        from tierkv.tiers.nvme.io._threads import ThreadIO
 
         return ThreadIO(device.fd, str(device.path), config.queue_depth)
-    from tierkv.tiers._uring import UringIO
+    from tierkv.tiers.nvme.io._uring import UringIO
 
     try:
         return UringIO(device.fd, str(device.path), config.queue_depth, config.sq_poll)

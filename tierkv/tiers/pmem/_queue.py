@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tierkv.errors import DeviceError
-from tierkv.tiers import _pmemobj as pmemobj
 from tierkv.tiers._copythreads import Finish, complete
-from tierkv.tiers._pmem_native import OP_GET, OP_PUT, Job, NativeCopies, NativePut
+from tierkv.tiers.pmem import _pmemobj as pmemobj
+from tierkv.tiers.pmem._native import OP_GET, OP_PUT, Job, NativeCopies, NativePut
 
 #: finished jobs taken per reap call
 _REAP_BATCH = 64

@@ -1,6 +1,6 @@
 """Moving payload bytes between host buffers and pool memory, hashing them on the way.
 
-The Python copy path: what the tier runs where the native library (`_pmem_native`) is not built;
+The Python copy path: what the tier runs where the native library (`_native`) is not built;
 `copy_out` also hands a get to the native library when it is. Separate from the tier because these
 are the hot loops of put and get, tuned on their own (`CHUNK`; docs/benchmarks-pmem.md), and
 because they run on the loop (small objects) or on the Python copy thread (large ones): they touch
@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from tierkv.tiers import _pmemobj as pmemobj
-from tierkv.tiers._pmem_native import NativeCopies
+from tierkv.tiers.pmem import _pmemobj as pmemobj
+from tierkv.tiers.pmem._native import NativeCopies
 
 #: copy-and-hash granule: the chunk just copied is still in L2 (1 MiB per core on the test VM)
 #: when hashed. 256 KiB chunks were ~8 % slower for 4 MiB objects (more Python per chunk) and

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 
 from tierkv._platform import cuda_available
-from tierkv.config import GpuTierConfig
+from tierkv.config import GpuTierConfig, TierKind
 from tierkv.errors import TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
-from tierkv.tiers._slots import SlotAllocator
-from tierkv.tiers.base import PinToken, RecoveredObject, Tier, TierKind
+from tierkv.tiers.base import PinToken, RecoveredObject, Tier
+from tierkv.tiers.gpu._slots import SlotAllocator
 
 #: memory of dropped tensor results kept for reuse on the CPU device (`_buffers`)
 RETAINED_RESULTS = 64 << 20

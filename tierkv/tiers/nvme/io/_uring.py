@@ -28,8 +28,8 @@ import logging
 from typing import Any
 
 from tierkv._platform import IORING_SETUP_SQPOLL
-from tierkv.tiers._aligned import AlignedBuffer
-from tierkv.tiers._blockio import device_error, end_of_device, fdatasync
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer
+from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync
 
 log = logging.getLogger(__name__)
 

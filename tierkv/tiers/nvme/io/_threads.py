@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from tierkv.tiers._aligned import AlignedBuffer
-from tierkv.tiers._blockio import device_error, end_of_device, fdatasync
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer
+from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync
 
 _MAX_WORKERS = 16
 

@@ -29,14 +29,14 @@ from tierkv.formats.nvme_layout import (
     entry_size,
 )
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers._nvme_index import Location
-from tierkv.tiers._nvme_regions import Region, RegionState
-from tierkv.tiers._nvme_state import LogState, log
-from tierkv.tiers._nvme_writes import WRITE_CHUNK, RegionWrites
+from tierkv.tiers.nvme._index import Location
+from tierkv.tiers.nvme._regions import Region, RegionState
+from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme._writes import WRITE_CHUNK, RegionWrites
 
 
 class RegionLog:
-    """Appending to the head region and recycling regions; see `tierkv.tiers.nvme`."""
+    """Appending to the head region and recycling regions; see `tierkv.tiers.nvme.tier`."""
 
     __slots__ = ("_st", "_writes")
 

@@ -7,7 +7,7 @@ most two regions in flight) while a fresh head takes new puts. Write-behind: whe
 more of the head is unwritten, a put starts writing it in the background in whole 1 MiB pieces
 aligned on the device (the tail waits for the next put), so large objects go to the device at
 once; `flush()` writes the head's unwritten part and waits for every write. Region buffers come
-prefaulted on transparent huge pages from the pool and are reused (see `_aligned`).
+prefaulted on transparent huge pages from the pool and are reused (see `io._aligned`).
 Reads of entries still in a buffer are served from memory; other reads go to the device through
 the IO backend into a pooled aligned buffer and are copied out, so the caller owns what `get`
 returns. Deletes append a tombstone entry.
@@ -23,7 +23,7 @@ entry must fit in one region (`can_ever_hold`); `fits` is therefore true for any
 Recovery: a clean `close()` writes an index checkpoint (msgpack, checksummed) into free regions
 and records it in the superblock; `open` loads it when valid and at once clears it from the
 superblock (so a later crash scans). Otherwise the index is rebuilt by scanning region entry
-headers (`_nvme_scan`). Entries failing a checksum are never served: at scan they are dropped,
+headers (`_scan`). Entries failing a checksum are never served: at scan they are dropped,
 at `get` the key becomes a miss; both are counted (``checksum_failures``). A crash never brings
 back a deleted, overwritten or dropped entry once the delete/overwrite was flushed: a region
 holding a record that supersedes one in an older region (an overwrite or a tombstone) is not
@@ -57,12 +57,12 @@ entries (their keys are returned by the next `put`) and `flush()` raises it; so 
 write of the head at `flush()`, which drops the head (see Recovery).
 
 Code: `NvmeTier` keeps the public surface, open/close and the data path, and inherits only `Tier`.
-One `LogState` (`_nvme_state`) owns the log's state (device, IO backend, buffer pool, superblock,
+One `LogState` (`_state`) owns the log's state (device, IO backend, buffer pool, superblock,
 regions, index, head, lock, counters...) and the helpers that touch only it (geometry, index
 bookkeeping). The layers are objects that hold that state and the layers below them, each built
-once by `NvmeTier.__init__`: `RegionWrites` (`_nvme_writes`, write-behind) holds the state;
-`RegionLog` (`_nvme_log`, the append log and region reclaim) and `CheckpointIO`
-(`_nvme_checkpoint`) hold it and the writes; `NvmeRecovery` (`_nvme_recovery`, open-time
+once by `NvmeTier.__init__`: `RegionWrites` (`_writes`, write-behind) holds the state;
+`RegionLog` (`_log`, the append log and region reclaim) and `CheckpointIO`
+(`_checkpoint`) hold it and the writes; `NvmeRecovery` (`_recovery`, open-time
 recovery) holds it and the checkpoints. The tier holds all of them and delegates.
 """
 
@@ -75,7 +75,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tierkv._platform import io_uring_available, o_direct_supported
-from tierkv.config import NvmeTierConfig
+from tierkv.config import NvmeTierConfig, TierKind
 from tierkv.errors import ConfigError, DeviceError, TierFullError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import (
@@ -85,15 +85,15 @@ from tierkv.formats.nvme_layout import (
     format_uuid,
 )
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
-from tierkv.tiers._nvme_checkpoint import CheckpointIO
-from tierkv.tiers._nvme_device import make_backend, open_device
-from tierkv.tiers._nvme_index import NvmeIndex
-from tierkv.tiers._nvme_log import RegionLog
-from tierkv.tiers._nvme_recovery import NvmeRecovery
-from tierkv.tiers._nvme_regions import Region, RegionState
-from tierkv.tiers._nvme_state import SEALS_IN_FLIGHT, LogState, log
-from tierkv.tiers._nvme_writes import RegionWrites
-from tierkv.tiers.base import RecoveredObject, Tier, TierKind
+from tierkv.tiers.base import RecoveredObject, Tier
+from tierkv.tiers.nvme._checkpoint import CheckpointIO
+from tierkv.tiers.nvme._device import make_backend, open_device
+from tierkv.tiers.nvme._index import NvmeIndex
+from tierkv.tiers.nvme._log import RegionLog
+from tierkv.tiers.nvme._recovery import NvmeRecovery
+from tierkv.tiers.nvme._regions import Region, RegionState
+from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
+from tierkv.tiers.nvme._writes import RegionWrites
 
 #: bytes reserved for the object header when sizing an object before its header exists
 HEADER_ALLOWANCE = 256

@@ -1,6 +1,6 @@
 """The NVMe tier's write-behind of region buffers: ranges, sealed regions, region headers.
 
-Separate from the append log (`_nvme_log`) because it is the only code that writes region buffers
+Separate from the append log (`_log`) because it is the only code that writes region buffers
 to the device: chunking into device-aligned pieces, background tasks per region, and what a failed
 write drops. `RegionWrites` holds the tier's `LogState` and nothing else. Under the state's lock
 except the background tasks it starts.
@@ -12,16 +12,16 @@ import asyncio
 import itertools
 
 from tierkv.errors import DeviceError
-from tierkv.tiers._aligned import AlignedBuffer
-from tierkv.tiers._nvme_regions import EARLIER, Region, RegionState, Superseded
-from tierkv.tiers._nvme_state import LogState, log
+from tierkv.tiers.nvme._regions import EARLIER, Region, RegionState, Superseded
+from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 
 #: write-behind piece size, also the device-offset multiple the pieces are cut at
 WRITE_CHUNK = 1 << 20
 
 
 class RegionWrites:
-    """Writing region buffers to the device in the background; see `tierkv.tiers.nvme`."""
+    """Writing region buffers to the device in the background; see `tierkv.tiers.nvme.tier`."""
 
     __slots__ = ("_st",)
 

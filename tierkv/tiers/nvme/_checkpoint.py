@@ -25,14 +25,14 @@ from tierkv.formats.nvme_layout import (
     encode_superblock,
 )
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers._nvme_regions import RegionState
-from tierkv.tiers._nvme_scan import read_range
-from tierkv.tiers._nvme_state import LogState, log
-from tierkv.tiers._nvme_writes import RegionWrites
+from tierkv.tiers.nvme._regions import RegionState
+from tierkv.tiers.nvme._scan import read_range
+from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme._writes import RegionWrites
 
 
 class CheckpointIO:
-    """Superblock writes and the index checkpoint; see `tierkv.tiers.nvme`."""
+    """Superblock writes and the index checkpoint; see `tierkv.tiers.nvme.tier`."""
 
     __slots__ = ("_st", "_writes")
 

@@ -17,7 +17,7 @@ import os
 from typing import Protocol
 
 from tierkv.errors import DeviceError
-from tierkv.tiers._aligned import AlignedBuffer
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 
 
 class BlockIO(Protocol):

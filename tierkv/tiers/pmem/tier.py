@@ -6,7 +6,7 @@ publishes the allocation, so after a crash an object is either whole or absent. 
 hashed and streamed in chunks (memory is read once, with non-temporal stores); the header, which
 holds the checksum, is written after it at an offset sized for the widest checksum encoding (the
 payload moves up in the 1-in-2**32 case of a shorter one). Two implementations write the same
-bytes: the native library's C constructor (`_pmem_native`, the default where it is built) and a
+bytes: the native library's C constructor (`_native`, the default where it is built) and a
 Python one (`_pmem_copy.copy_in` called from a ctypes constructor). An overwrite allocates the new
 record first and frees the old one after; a crash in between leaves both, and recovery keeps the
 newer. `delete` is ``pmemobj_free`` (atomic).
@@ -29,7 +29,7 @@ Concurrency: coroutines of one event loop. Puts and gets of payloads of `LARGE_C
 more never copy on the loop: with the native library they run on its `NATIVE_WORKERS` threads,
 wholly in C and without the GIL (`_pmem_queue.NativeQueue`, completions reaped through an
 eventfd); without it on the tier's Python copy thread (`_copythreads.CopyThreads`: ctypes and
-xxhash release the GIL), which also runs the recovery walk (`_pmem_pool`) in both cases. Small
+xxhash release the GIL), which also runs the recovery walk (`_pool`) in both cases. Small
 payloads are copied inline. The index
 and `used` are touched only on the loop: a copy's bookkeeping runs there when it ends, even if its
 caller was cancelled meanwhile (a cancelled put then frees what it wrote; a cancelled get releases
@@ -56,27 +56,27 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from tierkv.config import PmemTierConfig
+from tierkv.config import PmemTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, encode_header, encode_header_parts
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
-from tierkv.tiers import _pmemobj as pmemobj
 from tierkv.tiers._buffers import BufferRecycler
 from tierkv.tiers._copythreads import CopyThreads
-from tierkv.tiers._pmem_copy import CHUNK, address_of, copy_in, copy_out
-from tierkv.tiers._pmem_media import Media, filesystem_of, probe
-from tierkv.tiers._pmem_native import NativeCopies, NativePut, Outcome
-from tierkv.tiers._pmem_native import load as load_native
-from tierkv.tiers._pmem_pool import (
+from tierkv.tiers.base import RecoveredObject, Tier
+from tierkv.tiers.pmem import _pmemobj as pmemobj
+from tierkv.tiers.pmem._copy import CHUNK, address_of, copy_in, copy_out
+from tierkv.tiers.pmem._media import Media, filesystem_of, probe
+from tierkv.tiers.pmem._native import NativeCopies, NativePut, Outcome
+from tierkv.tiers.pmem._native import load as load_native
+from tierkv.tiers.pmem._pool import (
     PoolObject,
     check_root,
     open_pool,
     recover,
     register_classes,
 )
-from tierkv.tiers._pmem_queue import NativeQueue
-from tierkv.tiers.base import RecoveredObject, Tier, TierKind
+from tierkv.tiers.pmem._queue import NativeQueue
 
 # CHUNK and probe live with what they describe; the tier's public surface keeps them
 __all__ = ["CHUNK", "COPY_THREADS", "HEADER_ALLOWANCE", "LARGE_COPY", "PmemTier", "probe"]
@@ -109,7 +109,7 @@ class PmemTier(Tier):
     persistent = True
 
     def __init__(self, config: PmemTierConfig, *, native: bool = True) -> None:
-        """`native`: use the native copy paths when they are built (`_pmem_native`); False keeps
+        """`native`: use the native copy paths when they are built (`_native`); False keeps
         the Python ones (tests cover both)."""
         super().__init__(config.name)
         self._use_native = native
@@ -346,7 +346,7 @@ class PmemTier(Tier):
                           pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
 
     def _write_native(self, put: NativePut, meta: ObjectMeta, sequence: int) -> PoolObject:
-        """`_write` in one C call (`_pmem_native`): same record, same guarantees, no GIL."""
+        """`_write` in one C call (`_native`): same record, same guarantees, no GIL."""
         try:
             outcome = put.run(self._live_pool())
         except DeviceError as exc:

@@ -1,0 +1,117 @@
+"""The configuration's schema: immutable records of the validated TOML, and its enumerations.
+
+Nothing here reads a file or checks the machine (`tierkv.config.loading` does); tiers and the
+engine import these records, and this module imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
+
+
+class TierKind(enum.Enum):
+    GPU = "gpu"
+    PMEM = "pmem"
+    NVME = "nvme"
+
+
+MIN_PMEM_POOL = 8 << 20  # PMEMOBJ_MIN_POOL in PMDK 1.12
+#: the nvme log's superblock, which precedes its regions
+NVME_SUPERBLOCK = SUPERBLOCK_SIZE
+
+
+class WritePolicy(enum.Enum):
+    WRITE_BACK = "write_back"
+    WRITE_THROUGH = "write_through"
+
+
+class NvmeBackend(enum.Enum):
+    AUTO = "auto"
+    IO_URING = "io_uring"
+    THREADS = "threads"
+
+
+class RegionEviction(enum.Enum):
+    FIFO = "fifo"
+    LRU = "lru"
+
+
+class EvictionPolicy(enum.Enum):
+    LRU = "lru"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    write_policy: WritePolicy = WritePolicy.WRITE_BACK
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTierConfig:
+    name: str
+    capacity: int
+    device: str = "auto"
+    slot_size: int = 2 << 20
+    ttl: float = 5.0
+    kind: TierKind = field(default=TierKind.GPU, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PmemTierConfig:
+    name: str
+    capacity: int
+    path: Path
+    format: bool = False
+    kind: TierKind = field(default=TierKind.PMEM, init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NvmeTierConfig:
+    name: str
+    capacity: int
+    path: Path
+    region_size: int = 64 << 20
+    queue_depth: int = 32
+    direct: bool = True
+    backend: NvmeBackend = NvmeBackend.AUTO
+    eviction: RegionEviction = RegionEviction.FIFO
+    reinsert_hits: int = 2
+    format: bool = False
+    #: io_uring submission-queue polling: a kernel thread takes submissions without a syscall and
+    #: sleeps after this many idle seconds; None: off (each submission is a syscall)
+    sq_poll: float | None = None
+    kind: TierKind = field(default=TierKind.NVME, init=False)
+
+
+TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig
+#: bounds of `NvmeTierConfig.sq_poll` (the kernel takes whole milliseconds)
+SQ_POLL_MIN = 0.001
+SQ_POLL_MAX = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: EvictionPolicy = EvictionPolicy.LRU
+
+
+@dataclass(frozen=True, slots=True)
+class HealthConfig:
+    failure_rate: float = 0.6
+    window: float = 60.0
+    slow_operation: float = 0.8
+    cooldown: float = 300.0
+    close_after: int = 3
+    entropy_alert_bits: float = 1.2
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    tiers: tuple[TierConfig, ...]
+    engine: EngineConfig = EngineConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    health: HealthConfig = HealthConfig()
+
+
