@@ -19,6 +19,9 @@ from typing import Any, TypeVar
 
 from tierkv._units import parse_duration, parse_size
 from tierkv.config.schema import (
+    DEFAULT_FREE_HIGH,
+    DEFAULT_FREE_LOW,
+    MAX_WATERMARK,
     MIN_PMEM_POOL,
     NVME_SUPERBLOCK,
     SQ_POLL_MAX,
@@ -148,6 +151,12 @@ class _Table:
             raise self.error(key, "must be positive")
         return seconds
 
+    def size_or_off(self, key: str) -> int | None:
+        """A size, or ``None`` for "off" (the default)."""
+        if self._raw(key, "off") == "off":
+            return None
+        return self.size(key, 0)
+
     def duration_or_off(self, key: str) -> float | None:
         """A duration, or ``None`` for "off" (the default)."""
         if self._raw(key, "off") == "off":
@@ -177,8 +186,11 @@ _REQUIRED = object()
 def _parse(document: Mapping[str, Any]) -> Config:
     root = _Table(document, "")
     engine_table = root.table("engine")
+    engine_defaults = EngineConfig()
     engine = EngineConfig(
-        engine_table.choice("write_policy", WritePolicy, WritePolicy.WRITE_BACK)
+        engine_table.choice("write_policy", WritePolicy, WritePolicy.WRITE_BACK),
+        space_timeout=engine_table.duration("space_timeout", engine_defaults.space_timeout),
+        group_commit=engine_table.boolean("group_commit", engine_defaults.group_commit),
     )
     engine_table.finish()
 
@@ -189,8 +201,16 @@ def _parse(document: Mapping[str, Any]) -> Config:
     _check_hierarchy(tiers)
 
     scheduler_table = root.table("scheduler")
+    scheduler_defaults = SchedulerConfig()
     scheduler = SchedulerConfig(
-        scheduler_table.choice("policy", EvictionPolicy, EvictionPolicy.LRU)
+        scheduler_table.choice("policy", EvictionPolicy, EvictionPolicy.LRU),
+        migration_bandwidth=scheduler_table.size_or_off("migration_bandwidth"),
+        migration_concurrency=scheduler_table.integer(
+            "migration_concurrency", scheduler_defaults.migration_concurrency, low=1, high=1024),
+        eviction_batch=scheduler_table.integer(
+            "eviction_batch", scheduler_defaults.eviction_batch, low=1, high=4096),
+        promote_on_hit=scheduler_table.boolean(
+            "promote_on_hit", scheduler_defaults.promote_on_hit),
     )
     scheduler_table.finish()
 
@@ -227,12 +247,17 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         if capacity < slot_size:
             raise t.error("capacity", f"{capacity} bytes is less than one slot ({slot_size})")
         device = _check_device(t, t.string("device", "auto"))
-        tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0))
+        low, high = _watermarks(t)
+        tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0),
+                             free_low=low, free_high=high)
     elif kind is TierKind.PMEM:
         pool = _check_path(t, "path")
         if capacity < MIN_PMEM_POOL:
             raise t.error("capacity", f"a pmem pool needs at least {MIN_PMEM_POOL} bytes")
-        tier = PmemTierConfig(name, capacity, pool, t.boolean("format", False))
+        low, high = _watermarks(t)
+        tier = PmemTierConfig(name, capacity, pool, t.boolean("format", False),
+                              queue_depth=t.integer("queue_depth", 16, low=1, high=1024),
+                              free_low=low, free_high=high)
     else:
         log = _check_path(t, "path")
         region_size = t.size("region_size", 64 << 20)
@@ -260,6 +285,15 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
                                      f"{SQ_POLL_MAX:g}s")
     t.finish()
     return tier
+
+
+def _watermarks(t: _Table) -> tuple[float, float]:
+    """`free_low` and `free_high` of a tier the engine evicts from; low ≤ high."""
+    low = t.number("free_low", DEFAULT_FREE_LOW, low=0.0, high=MAX_WATERMARK)
+    high = t.number("free_high", max(DEFAULT_FREE_HIGH, low), low=0.0, high=MAX_WATERMARK)
+    if high < low:
+        raise t.error("free_high", f"{high} is below free_low ({low})")
+    return low, high
 
 
 def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:

@@ -24,6 +24,13 @@ MIN_PMEM_POOL = 8 << 20  # PMEMOBJ_MIN_POOL in PMDK 1.12
 NVME_SUPERBLOCK = SUPERBLOCK_SIZE
 
 
+#: default free-space watermarks of the tiers the engine evicts from (fractions of capacity)
+DEFAULT_FREE_LOW = 0.05
+DEFAULT_FREE_HIGH = 0.10
+#: the highest free-space watermark a tier accepts
+MAX_WATERMARK = 0.9
+
+
 class WritePolicy(enum.Enum):
     WRITE_BACK = "write_back"
     WRITE_THROUGH = "write_through"
@@ -47,6 +54,10 @@ class EvictionPolicy(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     write_policy: WritePolicy = WritePolicy.WRITE_BACK
+    #: seconds a put (or a move) waits for space in a full tier before `TierFullError`
+    space_timeout: float = 10.0
+    #: concurrent write-through puts share one flush of their persistent tier
+    group_commit: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,10 @@ class GpuTierConfig:
     device: str = "auto"
     slot_size: int = 2 << 20
     ttl: float = 5.0
+    #: free-space watermarks, fractions of capacity: below `free_low` the background evictor
+    #: moves objects out until `free_high` is free again
+    free_low: float = DEFAULT_FREE_LOW
+    free_high: float = DEFAULT_FREE_HIGH
     kind: TierKind = field(default=TierKind.GPU, init=False)
 
 
@@ -65,6 +80,10 @@ class PmemTierConfig:
     capacity: int
     path: Path
     format: bool = False
+    #: copies in flight at once on the tier's copy threads
+    queue_depth: int = 16
+    free_low: float = DEFAULT_FREE_LOW
+    free_high: float = DEFAULT_FREE_HIGH
     kind: TierKind = field(default=TierKind.PMEM, init=False)
 
 
@@ -95,6 +114,14 @@ SQ_POLL_MAX = 10.0
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     policy: EvictionPolicy = EvictionPolicy.LRU
+    #: bytes per second all background moves together may copy; None: unlimited
+    migration_bandwidth: int | None = None
+    #: background moves in flight at once
+    migration_concurrency: int = 8
+    #: victims an evictor takes from the policy at a time
+    eviction_batch: int = 16
+    #: a hit served from a lower tier copies the object up into the first tier (background)
+    promote_on_hit: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,27 +14,41 @@ Buffers: `put` copies the payload before it returns, so the caller may reuse its
 Space: a tier never holds more than `capacity` bytes (counted as `footprint`, i.e. with slot or
 alignment rounding). Tiers whose objects are freed one by one (GPU, PMem) answer `fits()` and
 raise `TierFullError` from `put` when the object does not fit; the engine then evicts victims the
-scheduler picks and retries. Log-structured tiers (NVMe) reclaim whole regions themselves: their
-`put` returns the keys it dropped to make room, which the engine removes from its index.
+scheduler picks and retries. Log-structured tiers (NVMe, `reclaims_space`) reclaim whole regions
+themselves: their `put` returns the keys it dropped to make room; an owner that must know at once
+(the engine's index, whose later operations on those keys must not be undone by a late report)
+registers a drop listener, which the tier calls on the loop, synchronously, in the same step that
+drops the keys: before any later operation on the tier can store them again.
 
 Concurrency: all coroutines may be called concurrently from tasks of one event loop. A `get`
-that overlaps a `delete` of the same key returns either the whole object or ``None``.
+that overlaps a `delete` of the same key returns either the whole object or ``None``. The owner
+orders operations on one key (the engine never runs two writes or deletes of a key into one tier
+at once); operations on different keys run concurrently down to the device queue, whose depth
+bounds what is in flight (`get_many` included).
+
+Cancellation: every coroutine may be cancelled at any await. A cancelled `put` leaves the key
+with its old object, the new one, or none, and every other key untouched; a cancelled `get`
+leaves nothing held (readers, buffers). Background work a call started (region writes, copies on
+worker threads) is never cancelled because the caller waiting on it was.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from tierkv._concurrency import bounded_map
 from tierkv.config.schema import TierKind
 from tierkv.errors import EngineClosedError
 from tierkv.formats.value import ObjectMeta, Payload
+
+#: what `Tier.set_drop_listener` registers: called with the keys a tier dropped on its own
+DropListener = Callable[[Sequence[bytes]], None]
 
 
 class TierState(enum.Enum):
@@ -56,10 +70,26 @@ class Tier(ABC):
 
     kind: ClassVar[TierKind]
     persistent: ClassVar[bool] = False
+    #: the tier frees space itself (whole regions) and reports what it dropped, instead of
+    #: raising `TierFullError` for the owner to evict; the engine runs no evictor for it
+    reclaims_space: ClassVar[bool] = False
+    #: requests in flight at once in `get_many` (tiers set it from their queue depth)
+    queue_depth: int = 32
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.state = TierState.CREATED
+        self._drop_listener: DropListener | None = None
+
+    def set_drop_listener(self, listener: DropListener | None) -> None:
+        """Call `listener(keys)` whenever the tier drops keys on its own (see the module
+        docstring); at most one listener, ``None`` removes it."""
+        self._drop_listener = listener
+
+    def _dropped(self, keys: Sequence[bytes]) -> None:
+        """Report keys the tier dropped on its own; subclasses call it as they drop them."""
+        if keys and self._drop_listener is not None:
+            self._drop_listener(keys)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def open(self) -> list[RecoveredObject]:
@@ -129,8 +159,8 @@ class Tier(ABC):
         """
 
     async def get_many(self, keys: Sequence[bytes]) -> list[tuple[ObjectMeta, Payload] | None]:
-        """`get` of every key, concurrently, results in order."""
-        return list(await asyncio.gather(*(self.get(key) for key in keys)))
+        """`get` of every key, at most `queue_depth` at once, results in order."""
+        return await bounded_map(self.get, keys, self.queue_depth)
 
     @abstractmethod
     async def delete(self, key: bytes) -> bool:

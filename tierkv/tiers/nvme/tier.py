@@ -104,10 +104,12 @@ class NvmeTier(Tier):
 
     kind = TierKind.NVME
     persistent = True
+    reclaims_space = True
 
     def __init__(self, config: NvmeTierConfig) -> None:
         super().__init__(config.name)
         self.config = config
+        self.queue_depth = config.queue_depth
         if config.region_size % 4096 or config.region_size < (1 << 20):
             raise ConfigError(f"{config.name}.region_size: must be a multiple of 4KiB, >= 1MiB")
         region_count = (config.capacity - SUPERBLOCK_SIZE) // config.region_size

@@ -112,6 +112,7 @@ class PmemTier(Tier):
         """`native`: use the native copy paths when they are built (`_native`); False keeps
         the Python ones (tests cover both)."""
         super().__init__(config.name)
+        self.queue_depth = config.queue_depth
         self._use_native = native
         self._native: NativeCopies | None = None
         self._native_queue: NativeQueue | None = None
