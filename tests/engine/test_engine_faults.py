@@ -28,7 +28,8 @@ async def test_nvme_read_failure_is_a_counted_miss(tmp_path: Path) -> None:
         await kv.flush()
         below = [k for k in values if await kv.locate(k) == "nvme"]
         above = [k for k in values if await kv.locate(k) == "gpu"]
-        assert len(below) == 40 and above
+        # L1 keeps free space between its watermarks, so a small object may be below too
+        assert below[:40] == [f"big{i}" for i in range(40)] and above
         os.truncate(tmp_path / "tierkv.log", 4096)
         below = below[:20]  # the first regions written are sealed, read from the device
         for key in below:

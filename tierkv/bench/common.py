@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Sequence
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 #: called as progress(phase, done, total) while a benchmark runs
 Progress = Callable[[str, int, int], None]
@@ -63,3 +68,36 @@ def percentile(sorted_samples: Sequence[float], fraction: float) -> float:
         return math.nan
     rank = min(len(sorted_samples) - 1, max(0, math.ceil(fraction * len(sorted_samples)) - 1))
     return sorted_samples[rank]
+
+
+def memcpy_seconds(size: int, count: int, *, scatter: bool) -> float:
+    """`count` copies of `size` bytes between one buffer and `count` distinct slots.
+
+    `scatter`: from one source into distinct destinations (what a put does); otherwise from
+    distinct sources into one destination (what a get does). Both sides are touched first, so
+    no page fault is timed, and the working set is as large as the tier's.
+    """
+    single = np.frombuffer(bytearray(os.urandom(size)), dtype=np.uint8)
+    slots = np.ones(size * count, dtype=np.uint8)
+    start = time.perf_counter()
+    for i in range(count):
+        slot = slots[i * size : (i + 1) * size]
+        if scatter:
+            np.copyto(slot, single)
+        else:
+            np.copyto(single, slot)
+    return time.perf_counter() - start
+
+
+async def drive(keys: Iterable[bytes], depth: int,
+                 request: Callable[[bytes], Awaitable[object]]) -> float:
+    """Seconds to run `request` for every key with `depth` requests in flight."""
+    pending = iter(keys)
+
+    async def lane() -> None:
+        for key in pending:
+            await request(key)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(depth)))
+    return time.perf_counter() - start

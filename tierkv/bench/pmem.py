@@ -18,14 +18,11 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tierkv._units import format_size
-from tierkv.bench.common import Progress, Row, no_progress, percentile
+from tierkv.bench.common import Progress, Row, drive, memcpy_seconds, no_progress, percentile
 from tierkv.config import PmemTierConfig
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.pmem.tier import PmemTier
@@ -41,39 +38,6 @@ def _meta(size: int) -> ObjectMeta:
     return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
 
 
-def _memcpy_seconds(size: int, count: int, *, scatter: bool) -> float:
-    """`count` copies of `size` bytes between one buffer and `count` distinct slots.
-
-    `scatter`: from one source into distinct destinations (what a put does); otherwise from
-    distinct sources into one destination (what a get does). Both sides are touched first, so
-    no page fault is timed, and the working set is as large as the tier's.
-    """
-    single = np.frombuffer(bytearray(os.urandom(size)), dtype=np.uint8)
-    slots = np.ones(size * count, dtype=np.uint8)
-    start = time.perf_counter()
-    for i in range(count):
-        slot = slots[i * size : (i + 1) * size]
-        if scatter:
-            np.copyto(slot, single)
-        else:
-            np.copyto(single, slot)
-    return time.perf_counter() - start
-
-
-async def _drive(keys: Iterable[bytes], depth: int,
-                 request: Callable[[bytes], Awaitable[object]]) -> float:
-    """Seconds to run `request` for every key with `depth` requests in flight."""
-    pending = iter(keys)
-
-    async def lane() -> None:
-        for key in pending:
-            await request(key)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(lane() for _ in range(depth)))
-    return time.perf_counter() - start
-
-
 async def _tier_seconds(tier: PmemTier, size: int, count: int, depth: int) -> tuple[float, float]:
     data = memoryview(os.urandom(size))
     meta = _meta(size)
@@ -87,8 +51,8 @@ async def _tier_seconds(tier: PmemTier, size: int, count: int, depth: int) -> tu
         if got is None or len(got[1]) != size:
             raise RuntimeError("a benchmark object was lost")
 
-    put_seconds = await _drive(keys, depth, put)
-    get_seconds = await _drive(keys, depth, get)
+    put_seconds = await drive(keys, depth, put)
+    get_seconds = await drive(keys, depth, get)
     for key in keys:
         await tier.delete(key)
     return put_seconds, get_seconds
@@ -122,7 +86,7 @@ async def run_pmem_bench(directory: Path, *, quick: bool = False,
                     _keep_best(best, f"put{depth}", put)
                     _keep_best(best, f"get{depth}", get)
                 for way in ("scatter", "gather"):
-                    _keep_best(best, way, _memcpy_seconds(size, count, scatter=way == "scatter"))
+                    _keep_best(best, way, memcpy_seconds(size, count, scatter=way == "scatter"))
                 done += 1
                 progress("bandwidth", done, total)
             moved = size * count / 1e9
@@ -139,7 +103,7 @@ async def run_pmem_bench(directory: Path, *, quick: bool = False,
         samples = await _put_latencies(tier, latency_count)
         done += 1
         progress("latency", done, total)
-        copy_us = (_memcpy_seconds(LATENCY_SIZE, latency_count, scatter=True)
+        copy_us = (memcpy_seconds(LATENCY_SIZE, latency_count, scatter=True)
                    / latency_count * 1e6)
         rows.append(Row("put 4KiB p50 (lower is better)", "us", percentile(samples, 0.50),
                         copy_us, "memcpy 4KiB mean"))

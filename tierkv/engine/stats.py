@@ -13,25 +13,32 @@ class EngineCounters:
     gets: int = 0
     misses: int = 0
     hits: Counter[str] = field(default_factory=Counter)
+    #: copies that left a tier to make room or because they idled (by the tier they left)
     evictions: Counter[str] = field(default_factory=Counter)
+    #: copies moved down into a tier / up into a tier (by the tier they went to)
     demotions: Counter[str] = field(default_factory=Counter)
+    promotions: Counter[str] = field(default_factory=Counter)
+    #: objects that left the cache: dropped by the last tier that held them
     drops: int = 0
     expired: int = 0
     corrupt_reads: int = 0
     device_errors: int = 0
     invalidations: int = 0
+    #: background moves that failed (their source copy stays) or were discarded (the object
+    #: changed or was busy when the move came to run)
+    moves_failed: int = 0
+    moves_discarded: int = 0
+    #: bytes copied by background moves
+    moved_bytes: int = 0
+    #: writes that waited for space in a full tier (backpressure), and the ones that gave up
+    space_waits: int = 0
+    space_timeouts: int = 0
+    #: copies of cancelled or failed operations deleted afterwards
+    orphans_scrubbed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "puts": self.puts,
-            "gets": self.gets,
-            "misses": self.misses,
-            "hits": dict(self.hits),
-            "evictions": dict(self.evictions),
-            "demotions": dict(self.demotions),
-            "drops": self.drops,
-            "expired": self.expired,
-            "corrupt_reads": self.corrupt_reads,
-            "device_errors": self.device_errors,
-            "invalidations": self.invalidations,
-        }
+        data: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            data[name] = dict(value) if isinstance(value, Counter) else value
+        return data

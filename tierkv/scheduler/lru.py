@@ -1,7 +1,8 @@
 """Least-recently-used order of the objects in one tier, with their last access times.
 
-The interface is the small one a policy needs (`insert / touch / remove / victim / idle`); the
-engine owns the objects and calls it on every access. Time is passed in, so tests need no clock.
+An `EvictionPolicy` (`tierkv.scheduler.policy`): an ordered dict from key to last access time,
+oldest first, so insert, touch and remove are O(1) and `evict` costs the victims it returns plus
+the protected keys it skips, never a scan of the tier.
 """
 
 from __future__ import annotations
@@ -32,18 +33,18 @@ class LruPolicy:
     def remove(self, key: bytes) -> None:
         self._last_access.pop(key, None)
 
-    def victim(self, protected: Callable[[bytes], bool]) -> bytes | None:
-        """The least recently used key that is not protected, or ``None``.
-
-        Cost is the number of protected keys skipped, not the number of keys held.
-        """
+    def evict(self, count: int, protected: Callable[[bytes], bool]) -> list[bytes]:
+        victims: list[bytes] = []
+        if count <= 0:
+            return victims
         for key in self._last_access:
             if not protected(key):
-                return key
-        return None
+                victims.append(key)
+                if len(victims) == count:
+                    break
+        return victims
 
     def idle(self, cutoff: float) -> list[bytes]:
-        """Keys not accessed since `cutoff`, least recently used first."""
         stale: list[bytes] = []
         for key, last in self._last_access.items():
             if last >= cutoff:

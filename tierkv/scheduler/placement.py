@@ -1,4 +1,4 @@
-"""Where an object goes: its first tier on put, and the tier below when it is evicted.
+"""Where an object goes: its first tier on put, the first persistent tier, the tier below.
 
 Until the cost-model scheduler lands, the hierarchy is walked top-down: an object enters the
 fastest tier that can hold it at all, and an evicted object moves to the next tier down that can.
@@ -14,6 +14,16 @@ class SizedTier(Protocol):
     def can_ever_hold(self, nbytes: int) -> bool: ...
 
 
+class TierShape(SizedTier, Protocol):
+    """What policy knows of a tier: its geometry and two facts of its mechanism."""
+
+    @property
+    def persistent(self) -> bool: ...
+
+    @property
+    def reclaims_space(self) -> bool: ...
+
+
 def first_tier_for(tiers: Sequence[SizedTier], nbytes: int, start: int = 0) -> int | None:
     """Index of the first tier at or after `start` able to hold `nbytes`, or ``None``."""
     for index in range(start, len(tiers)):
@@ -25,3 +35,12 @@ def first_tier_for(tiers: Sequence[SizedTier], nbytes: int, start: int = 0) -> i
 def demotion_target(tiers: Sequence[SizedTier], index: int, nbytes: int) -> int | None:
     """Where an object evicted from tier `index` goes; ``None`` means it is dropped."""
     return first_tier_for(tiers, nbytes, index + 1)
+
+
+def first_persistent_for(tiers: Sequence[TierShape], nbytes: int, start: int = 0) -> int | None:
+    """The first persistent tier at or after `start` able to hold `nbytes`: where write-through
+    puts and `flush` make an object durable; ``None`` if there is none."""
+    for index in range(start, len(tiers)):
+        if tiers[index].persistent and tiers[index].can_ever_hold(nbytes):
+            return index
+    return None

@@ -1,0 +1,154 @@
+"""Space ahead of demand, backpressure, promotion on hit and group commit, through the public API.
+
+The evictor keeps a tier's free space between its watermarks; a put that finds its tier full
+waits for the evictor (never evicting itself) and fails with `TierFullError` only after
+`space_timeout`; a hit below the first tier is copied up in the background; concurrent
+write-through puts share flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+
+KiB = 1 << 10
+
+
+def gpu_nvme(tmp: Path, *, gpu: dict[str, Any] | None = None, scheduler: dict[str, Any] | None
+             = None, engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "engine": engine or {},
+        "scheduler": scheduler or {},
+        "tiers": [
+            {"name": "gpu", "kind": "gpu", "device": "cpu", "capacity": "64KiB",
+             "slot_size": "4KiB", "ttl": "60s", **(gpu or {})},
+            {"name": "nvme", "kind": "nvme", "path": str(tmp / "tierkv.log"),
+             "capacity": "16MiB", "region_size": "1MiB", "queue_depth": 8},
+        ],
+    }
+
+
+async def test_evictor_keeps_free_space_between_the_watermarks(tmp_path: Path) -> None:
+    config = gpu_nvme(tmp_path, gpu={"free_low": 0.25, "free_high": 0.5})
+    values = {f"k{i}": os.urandom(4000) for i in range(40)}
+    async with tierkv.open(config) as kv:
+        seen = set()
+        for key, value in values.items():
+            await kv.put(key, value)
+            await kv.settle()
+            # a put that leaves less than a quarter free (4 slots) cues the evictor, which
+            # stops once half (8 slots) is free: between the two, nothing moves
+            free = kv.stats()["tiers"]["gpu"]["free_slots"]
+            assert free >= 4, key
+            if kv.stats()["engine"]["demotions"]:
+                assert free <= 8, key
+                seen.add(free)
+        assert seen == {4, 5, 6, 7, 8}
+        for key, value in values.items():
+            assert await kv.get(key) == value
+        assert kv.stats()["engine"]["demotions"]["nvme"] >= 24
+
+
+async def test_a_full_tier_makes_a_put_wait_for_the_evictor(tmp_path: Path) -> None:
+    # no free-space margin, and demotions paced at 64 KiB/s: each 4 KiB move takes ~60 ms
+    config = gpu_nvme(tmp_path, gpu={"free_low": 0.0, "free_high": 0.0},
+                      scheduler={"migration_bandwidth": "64KiB"})
+    async with tierkv.open(config) as kv:
+        for i in range(16):
+            await kv.put(f"fill{i}", os.urandom(4000))
+        assert kv.stats()["tiers"]["gpu"]["free_slots"] == 0
+        assert kv.stats()["engine"]["demotions"] == {}  # nothing moved before it was needed
+        started = time.monotonic()
+        await asyncio.gather(*(kv.put(f"late{i}", os.urandom(4000)) for i in range(3)))
+        waited = time.monotonic() - started
+        stats = kv.stats()["engine"]
+        assert stats["space_waits"] >= 2
+        assert waited >= 0.05  # the second and third moves were paced by the budget
+        for i in range(3):
+            assert await kv.locate(f"late{i}") == "gpu"
+        assert await kv.locate("fill0") == "nvme"
+
+
+async def test_a_put_gives_up_after_space_timeout(tmp_path: Path) -> None:
+    config = gpu_nvme(tmp_path, gpu={"free_low": 0.0, "free_high": 0.0},
+                      scheduler={"migration_bandwidth": "16KiB"},
+                      engine={"space_timeout": "100ms"})
+    async with tierkv.open(config) as kv:
+        for i in range(16):
+            await kv.put(f"fill{i}", b"%04d" % i * 1000)
+        await kv.put("first", b"x" * 4000)  # the first move is not paced
+        with pytest.raises(tierkv.TierFullError):
+            await kv.put("second", b"y" * 4000)  # its move waits ~250 ms for the budget
+        assert await kv.get("second") is None
+        assert kv.stats()["engine"]["space_timeouts"] == 1
+        await kv.settle()
+        for i in range(16):
+            assert await kv.get(f"fill{i}") == b"%04d" % i * 1000
+        await kv.put("second", b"y" * 4000)
+        assert await kv.get("second") == b"y" * 4000
+
+
+async def test_a_tier_that_can_free_nothing_passes_the_put_down(tmp_path: Path) -> None:
+    config = gpu_nvme(tmp_path, gpu={"capacity": "8KiB", "free_low": 0.0, "free_high": 0.0})
+    async with tierkv.open(config) as kv:
+        await kv.put("a", torch_bytes := os.urandom(4000))
+        await kv.put("b", os.urandom(4000))
+        async with kv.pin("a"), kv.pin("b"):
+            await kv.put("c", b"c" * 4000)  # both slots pinned: no victim, no wait
+            assert await kv.locate("c") == "nvme"
+        assert await kv.get("a") == torch_bytes
+
+
+@pytest.mark.parametrize("promote", [True, False])
+async def test_a_hit_below_is_promoted_in_the_background(tmp_path: Path, promote: bool) -> None:
+    config = gpu_nvme(tmp_path, scheduler={"promote_on_hit": promote})
+    values = {f"k{i}": os.urandom(4000) for i in range(24)}
+    async with tierkv.open(config) as kv:
+        for key, value in values.items():
+            await kv.put(key, value)
+        await kv.settle()
+        assert await kv.locate("k0") == "nvme"
+        assert await kv.get("k0") == values["k0"]  # served from nvme at once
+        await kv.settle()
+        assert await kv.locate("k0") == ("gpu" if promote else "nvme")
+        assert kv.stats()["engine"]["promotions"].get("gpu", 0) == int(promote)
+        assert await kv.get("k0") == values["k0"]
+        hits = kv.stats()["engine"]["hits"]
+        assert hits["nvme"] == 2 - promote and hits.get("gpu", 0) == int(promote)
+
+
+@pytest.mark.parametrize("group_commit", [True, False])
+async def test_write_through_puts_share_flushes(tmp_path: Path, group_commit: bool) -> None:
+    config = gpu_nvme(tmp_path, engine={"write_policy": "write_through",
+                                        "group_commit": group_commit})
+    async with tierkv.open(config) as kv:
+        values = {f"k{i}": os.urandom(20_000) for i in range(16)}
+        await asyncio.gather(*(kv.put(k, v) for k, v in values.items()))
+        commits = kv.stats()["engine"]["group_commits"]["nvme"]
+        assert commits["requests"] == 16
+        if group_commit:
+            assert commits["flushes"] < 16
+        else:
+            assert commits["flushes"] == 16
+    async with tierkv.open(config) as kv:
+        for key, value in values.items():
+            assert await kv.get(key) == value
+
+
+async def test_idle_objects_expire_in_the_background(tmp_path: Path) -> None:
+    config = gpu_nvme(tmp_path, gpu={"ttl": "50ms"})
+    async with tierkv.open(config) as kv:
+        await kv.put("idle", b"i" * 3000)
+        deadline = time.monotonic() + 5
+        while await kv.locate("idle") == "gpu" and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert await kv.locate("idle") == "nvme"
+        assert kv.stats()["engine"]["expired"] == 1
+        assert await kv.get("idle") == b"i" * 3000

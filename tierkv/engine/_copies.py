@@ -1,0 +1,179 @@
+"""Copies of one object in the tiers, written, read and deleted with the index kept in step.
+
+The mechanics every engine operation shares: puts, moves, `flush`, pins and the scrub of what a
+cancelled operation left (`_keys`). Each is called by the holder of the key (`KeyGate.hold`),
+so no other write or delete of the key runs meanwhile; what may still change under it is the
+index entry itself (a get that finds a copy corrupt forgets it; a tier that reclaims space
+reports what it dropped), which is why each index change is made after the IO, in one step,
+and checked (`Index.add_copy` refuses a detached entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._keys import Claim
+from tierkv.engine._state import EngineState
+from tierkv.errors import DeviceError, TierFullError, TierKVError
+from tierkv.formats.value import ObjectMeta, Payload
+from tierkv.tiers.base import ZeroCopyPinning
+
+log = logging.getLogger("tierkv.engine")
+
+
+class CopyOps:
+    __slots__ = ("_st",)
+
+    def __init__(self, state: EngineState) -> None:
+        self._st = state
+
+    async def read(self, entry: IndexEntry, tier: int) -> tuple[ObjectMeta, Payload] | None:
+        """The object from `tier`'s copy; ``None`` if the tier failed (counted) or lost it (a
+        checksum failure: the copy is forgotten)."""
+        st = self._st
+        try:
+            got = await st.tiers[tier].get(entry.key)
+        except DeviceError as exc:
+            st.counters.device_errors += 1
+            log.warning("tier %s failed to read an object: %s", st.names[tier], exc)
+            return None
+        if got is not None and got[0].generation == entry.generation:
+            return got
+        self.lost(entry, tier)
+        return None
+
+    @contextlib.asynccontextmanager
+    async def borrow(self, entry: IndexEntry, tier: int) -> AsyncIterator[Payload | None]:
+        """The payload of `entry`'s copy in `tier`, for another tier's put to copy from (``None``
+        as `read` would). Where the tier lends host memory (the gpu tier's slots on the CPU) it
+        is a view of that memory, pinned for the duration, so a move copies its bytes once, off
+        the loop where the target copies on worker threads; elsewhere a `read` copy."""
+        device = self._st.tiers[tier]
+        if isinstance(device, ZeroCopyPinning) and await device.contains(entry.key):
+            token, view = device.acquire_pin(entry.key)
+            if view.device.type == "cpu":
+                try:
+                    yield view
+                finally:
+                    device.release_pin(token)
+                return
+            device.release_pin(token)
+        got = await self.read(entry, tier)
+        yield None if got is None else got[1]
+
+    def lost(self, entry: IndexEntry, tier: int) -> None:
+        """`tier` no longer holds a valid copy of `entry` (it failed its checksum)."""
+        if tier in entry.locations and not entry.detached:
+            self._st.counters.corrupt_reads += 1
+            if self._st.index.remove_copy(entry, tier):
+                self._st.counters.drops += 1
+
+    async def store(self, entry: IndexEntry, payload: Payload, start: int, claim: Claim, *,
+                    fall_through: bool = True) -> int:
+        """Write a copy into `start` or, if it cannot take one, into the next tier down that can
+        (`fall_through`). A tier that is full but has victims to move out is waited for
+        (backpressure); a tier that can make no room (everything pinned or busy) or fails is
+        skipped. Returns the tier written.
+
+        Raises `TierFullError` when a tier stayed full for `space_timeout` or no tier took the
+        object, `DeviceError` when the tiers that could take it failed (the last error), and
+        `EngineClosedError` when the engine closes meanwhile.
+        """
+        st = self._st
+        failure: Exception | None = None
+        tier: int | None = start
+        while tier is not None:
+            try:
+                if await self.store_in(entry, payload, tier, claim, wait=True):
+                    return tier
+            except DeviceError as exc:
+                st.counters.device_errors += 1
+                log.warning("tier %s failed a write: %s", st.names[tier], exc)
+                failure = exc
+            if not fall_through:
+                break
+            tier = st.scheduler.next_tier(entry.nbytes, tier)
+        if failure is not None:
+            raise failure
+        raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
+
+    async def store_in(self, entry: IndexEntry, payload: Payload, tier: int, claim: Claim, *,
+                       wait: bool) -> bool:
+        """Write a copy into `tier` and record it; False if the tier has no room and cannot make
+        any (or, without `wait`, has none now). A copy written for an entry that was detached
+        meanwhile stays marked dirty: the key's scrub deletes it."""
+        st = self._st
+        device, space, nbytes = st.tiers[tier], st.spaces[tier], entry.nbytes
+        deadline: float | None = None
+        while True:
+            if device.reclaims_space or device.fits(nbytes):
+                claim.mark(tier)
+                try:
+                    await device.put(entry.key, entry.meta, payload)
+                except TierFullError:
+                    claim.clear(tier)  # the put stored nothing
+                else:
+                    if st.index.add_copy(entry, tier, st.now()):
+                        claim.clear(tier)
+                    space.stored()
+                    return True
+            if not wait:
+                space.cue.set()
+                return False
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + space.timeout
+                st.counters.space_waits += 1
+            try:
+                if not await space.wait_for_room(nbytes, deadline):
+                    return False
+            except TierFullError:
+                st.counters.space_timeouts += 1
+                raise
+
+    async def remove(self, entry: IndexEntry, tier: int, claim: Claim) -> bool:
+        """Delete `entry`'s copy in `tier`, forgetting it first (a get no longer goes there).
+        True when that was the object's last copy (it has left the cache)."""
+        st = self._st
+        last = st.index.remove_copy(entry, tier)
+        claim.mark(tier)
+        if await self.delete(entry.key, tier):
+            claim.clear(tier)
+        return last
+
+    async def discard(self, entry: IndexEntry, claim: Claim) -> None:
+        """Delete every copy of an entry already detached from the index."""
+        for tier in list(entry.locations):
+            await self.remove(entry, tier, claim)
+
+    async def delete(self, key: bytes, tier: int) -> bool:
+        """Delete `key` in `tier`; False (logged, counted) if the tier failed."""
+        st = self._st
+        try:
+            await st.tiers[tier].delete(key)
+        except DeviceError as exc:
+            st.counters.device_errors += 1
+            log.warning("tier %s failed a delete: %s", st.names[tier], exc)
+            return False
+        st.spaces[tier].freed()
+        return True
+
+    async def scrub(self, key: bytes, dirty: set[int]) -> None:
+        """Delete `key`'s copies that the index does not list from the `dirty` tiers."""
+        st = self._st
+        for tier in sorted(dirty):
+            entry = st.index.get(key)
+            if entry is None or tier not in entry.locations:
+                try:
+                    existed = await st.tiers[tier].delete(key)
+                except TierKVError as exc:  # a failing or closed tier: the orphan stays
+                    st.counters.device_errors += isinstance(exc, DeviceError)
+                    log.warning("tier %s: cleaning up a cancelled write failed: %s",
+                                st.names[tier], exc)
+                else:
+                    st.counters.orphans_scrubbed += existed
+                    st.spaces[tier].freed()
+            dirty.discard(tier)

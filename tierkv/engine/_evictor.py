@@ -1,0 +1,75 @@
+"""The background evictor of one tier: keeps free space between the tier's watermarks.
+
+It sleeps until its tier's space is cued (`TierSpace.cue`: a store left the tier short, a writer
+waits for room, a departure ended), then asks the scheduler for victims and hands their plans to
+the executor until what is free plus what is leaving reaches the high watermark (or what the
+waiting writers want). It never waits for a move itself, so a slow move never holds up the
+others. Nothing in the foreground runs a demotion: puts only wait, and are woken by the
+departures this starts.
+"""
+
+from __future__ import annotations
+
+from tierkv.engine._executor import MoveExecutor
+from tierkv.engine._state import EngineState
+from tierkv.scheduler import Departure
+
+
+class Evictor:
+    def __init__(self, state: EngineState, tier: int, executor: MoveExecutor) -> None:
+        self._st = state
+        self._tier = tier
+        self._executor = executor
+        self._pins: dict[bytes, int] | None = None
+
+    def protect_pins(self, pins: dict[bytes, int]) -> None:
+        """Keys pinned in this tier (the first) are never victims."""
+        self._pins = pins
+
+    def protected(self, key: bytes) -> bool:
+        """Whether `key` may not be moved out now: pinned, busy, or already moving."""
+        st = self._st
+        if st.keys.busy(key) or (self._pins is not None and key in self._pins):
+            return True
+        entry = st.index.get(key)
+        return entry is None or entry.moving
+
+    async def run(self) -> None:
+        st = self._st
+        space = st.spaces[self._tier]
+        batch = st.config.scheduler.eviction_batch
+        while True:
+            await space.cue.wait()
+            space.cue.clear()
+            while not st.closing:
+                need = space.to_free()
+                if need <= 0:
+                    if not (space.waiting and space.leaving == 0):
+                        break
+                    need = 1  # a waiting write wants a contiguous run the byte count hides
+                plans = st.scheduler.departures(self._tier, batch, self.protected,
+                                                st.index.get)
+                if not plans:
+                    if space.leaving == 0:
+                        space.starve()
+                    break
+                for plan in plans:
+                    self._start(plan)
+                    need -= st.tiers[self._tier].footprint(plan.nbytes)
+                    if need <= 0:
+                        break
+
+    def _start(self, plan: Departure) -> None:
+        st = self._st
+        space = st.spaces[self._tier]
+        entry = st.index.get(plan.key)
+        assert entry is not None  # the scheduler planned from the index just now
+        entry.moving = True
+        footprint = st.tiers[self._tier].footprint(plan.nbytes)
+        space.leaving += footprint
+
+        def done(carried_out: bool) -> None:
+            space.leaving -= footprint
+            space.cue.set()  # more to free, or waiters to starve
+
+        self._executor.submit(plan, done)

@@ -1,0 +1,38 @@
+"""Time to live in the first tier: objects idle for longer than its `ttl` move down.
+
+A background task wakes a few times per `ttl`, asks the scheduler which objects of the first
+tier have been idle since before the cutoff, and submits their plans to the executor (a demotion,
+or only a delete where a lower tier already holds a copy). Pinned and busy objects stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tierkv.engine._evictor import Evictor
+from tierkv.engine._executor import MoveExecutor
+from tierkv.engine._state import EngineState
+
+log = logging.getLogger("tierkv.engine")
+
+
+async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evictor,
+                      ttl: float) -> None:
+    interval = min(max(ttl / 4, 0.01), 1.0)
+    while True:
+        await asyncio.sleep(interval)
+        if state.closing:
+            return
+        plans = state.scheduler.expired(0, state.now() - ttl, evictor.protected, state.index.get)
+        for plan in plans:
+            entry = state.index.get(plan.key)
+            if entry is None:
+                continue
+            entry.moving = True
+
+            def done(carried_out: bool) -> None:
+                if carried_out:
+                    state.counters.expired += 1
+
+            executor.submit(plan, done)

@@ -1,0 +1,61 @@
+"""`flush`: the barrier that puts everything stored before it on persistent media.
+
+It snapshots the objects no persistent tier holds (the index's unflushed set), writes a copy of
+each into the first persistent tier that can hold it (holding each key in turn, so a move or put
+of the key in progress finishes first; an object changed meanwhile needs nothing), at most
+`migration_concurrency` at once, then flushes every persistent tier through its group commit. An
+object that cannot be made durable makes `flush` raise (the first such error) once the others
+are done. Objects stored after `flush` was called are not covered.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tierkv._concurrency import bounded_map
+from tierkv.engine._copies import CopyOps
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._state import EngineState
+from tierkv.errors import TierKVError
+
+log = logging.getLogger("tierkv.engine")
+
+
+class Flusher:
+    __slots__ = ("_copies", "_st")
+
+    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+        self._st = state
+        self._copies = copies
+
+    async def flush(self) -> None:
+        st = self._st
+        if not any(tier.persistent for tier in st.tiers):
+            return
+        failures: list[TierKVError] = []
+
+        async def persist(entry: IndexEntry) -> None:
+            try:
+                await self._persist(entry)
+            except TierKVError as exc:
+                log.warning("flush could not persist an object: %s", exc)
+                failures.append(exc)
+
+        await bounded_map(persist, st.index.volatile(), st.config.scheduler.migration_concurrency)
+        for index, tier in enumerate(st.tiers):
+            if tier.persistent:
+                await st.commits[index].sync()
+        if failures:
+            raise failures[0]
+
+    async def _persist(self, entry: IndexEntry) -> None:
+        st = self._st
+        async with st.keys.hold(entry.key) as claim:
+            if entry.detached or any(st.tiers[t].persistent for t in entry.locations):
+                return
+            durable = st.scheduler.durable_tier(entry.nbytes)
+            if durable is None or not entry.locations:
+                return
+            async with self._copies.borrow(entry, entry.locations[0]) as payload:
+                if payload is not None:
+                    await self._copies.store(entry, payload, durable, claim)

@@ -1,0 +1,137 @@
+"""The engine's index: for every key, its object's meta and which tiers hold a valid copy.
+
+`Index` is the one owner of "where is key K". Every change of an entry's copies goes through it,
+so the scheduler's per-tier policies and the set of objects `flush` must persist (those without
+a persistent copy) never disagree with the entries. All of it runs on the loop, synchronously:
+an index change is a single step that no other task can interleave with.
+
+An entry is *published* once its first copy is committed (a get finds it from then on) and
+*detached* when it leaves the index (deleted, overwritten, invalidated, or its last copy lost);
+a detached entry is never published again, which is how an operation that ran while its entry
+was replaced learns that its result is void.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from tierkv.formats.value import ObjectMeta
+from tierkv.scheduler import Scheduler
+
+
+@dataclass(slots=True, eq=False)
+class IndexEntry:
+    """One stored object: its key, meta (with its generation) and the tiers holding a copy,
+    fastest first. `moving`: a background plan for it is planned or running (so the scheduler
+    is not asked to move it twice)."""
+
+    key: bytes
+    meta: ObjectMeta
+    locations: list[int] = field(default_factory=list)
+    moving: bool = False
+    published: bool = False
+    detached: bool = False
+
+    @property
+    def generation(self) -> int:
+        return self.meta.generation
+
+    @property
+    def nbytes(self) -> int:
+        return self.meta.nbytes
+
+
+class Index:
+    """Keys → entries, with the policies and the unflushed set kept in step (see the module)."""
+
+    def __init__(self, persistent: Sequence[bool], scheduler: Scheduler) -> None:
+        self._entries: dict[bytes, IndexEntry] = {}
+        #: published entries no persistent tier holds a copy of: what `flush` must write down
+        self._volatile: dict[bytes, IndexEntry] = {}
+        self._persistent = tuple(persistent)
+        self._scheduler = scheduler
+        self._generation = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._entries
+
+    def get(self, key: bytes) -> IndexEntry | None:
+        return self._entries.get(key)
+
+    def entries(self) -> Iterator[IndexEntry]:
+        """A snapshot of every entry."""
+        return iter(list(self._entries.values()))
+
+    def volatile(self) -> list[IndexEntry]:
+        """A snapshot of the published entries that no persistent tier holds."""
+        return list(self._volatile.values())
+
+    @property
+    def unflushed(self) -> int:
+        return len(self._volatile)
+
+    # -- lifecycle of entries ----------------------------------------------------------------
+    def new_entry(self, key: bytes, meta: ObjectMeta) -> IndexEntry:
+        """An unpublished entry for a new value of `key`, with the next generation."""
+        self._generation += 1
+        return IndexEntry(key, meta.with_generation(self._generation))
+
+    def adopt_generation(self, generation: int) -> None:
+        """Recovery found `generation` on media: later puts number above it."""
+        self._generation = max(self._generation, generation)
+
+    def detach(self, key: bytes) -> IndexEntry | None:
+        """Remove `key`'s entry from the index; its copies (`locations`) are now the caller's
+        to delete. Returns the entry, or ``None``."""
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            return None
+        entry.detached = True
+        self._volatile.pop(key, None)
+        for tier in entry.locations:
+            self._scheduler.removed(tier, key)
+        return entry
+
+    # -- copies ------------------------------------------------------------------------------
+    def add_copy(self, entry: IndexEntry, tier: int, now: float) -> bool:
+        """Record that `tier` now holds a copy of `entry`, publishing it if it was not yet.
+        False (and nothing recorded) if the entry was detached meanwhile."""
+        if entry.detached:
+            return False
+        if tier not in entry.locations:
+            entry.locations.append(tier)
+            entry.locations.sort()
+        self._scheduler.admitted(tier, entry.key, now)
+        if not entry.published:
+            entry.published = True
+            previous = self._entries.get(entry.key)
+            if previous is not None and previous is not entry:
+                raise AssertionError("an entry was published over another one")
+            self._entries[entry.key] = entry
+        self._track(entry)
+        return True
+
+    def remove_copy(self, entry: IndexEntry, tier: int) -> bool:
+        """Record that `tier` no longer holds `entry`'s copy. True when that was its last copy:
+        the entry is then detached (the object has left the cache)."""
+        if tier not in entry.locations:
+            return False
+        entry.locations.remove(tier)
+        if entry.detached:  # its policy records went with it (a newer entry may have its own)
+            return False
+        self._scheduler.removed(tier, entry.key)
+        if not entry.locations:
+            self.detach(entry.key)
+            return True
+        self._track(entry)
+        return False
+
+    def _track(self, entry: IndexEntry) -> None:
+        if any(self._persistent[tier] for tier in entry.locations):
+            self._volatile.pop(entry.key, None)
+        else:
+            self._volatile[entry.key] = entry

@@ -1,0 +1,95 @@
+"""Running one plan: the moves between tiers, each durable by construction.
+
+A move holds its key (`KeyGate`) for its whole run, but never waits for it: a key busy with a
+put, delete, pin or another move when the plan comes to run is left alone (the plan is
+discarded and the scheduler plans again later). It then checks the plan against the index (the
+same entry, the same generation, the copies it expects) and discards it if anything changed.
+The object stays readable from its source until the target copy is committed; the source copy
+goes last, and when the source was persistent only after the target's copy is on media (a
+flush of the target, shared with other moves and puts through group commit). A move that fails
+leaves the source in place.
+"""
+
+from __future__ import annotations
+
+from tierkv.engine._copies import CopyOps
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._keys import Claim
+from tierkv.engine._state import EngineState
+from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote
+
+
+class Moves:
+    __slots__ = ("_copies", "_st")
+
+    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+        self._st = state
+        self._copies = copies
+
+    async def run(self, plan: Plan) -> bool:
+        """Carry out `plan`; False if it was discarded (the object changed or was busy)."""
+        st = self._st
+        if isinstance(plan, Demote | Promote):
+            await st.budget.take(plan.nbytes)
+        entry = st.index.get(plan.key)
+        if entry is None or entry.generation != plan.generation or st.keys.busy(plan.key):
+            return False
+        async with st.keys.hold(plan.key) as claim:
+            if st.index.get(plan.key) is not entry:
+                return False
+            if isinstance(plan, Promote):
+                return await self._promote(entry, plan, claim)
+            if isinstance(plan, Demote):
+                return await self._demote(entry, plan, claim)
+            return await self._leave(entry, plan, claim)
+
+    async def _leave(self, entry: IndexEntry, plan: Evict | Drop, claim: Claim) -> bool:
+        st = self._st
+        tier = plan.tier
+        if tier not in entry.locations:
+            return False
+        if isinstance(plan, Evict) and not any(t > tier for t in entry.locations):
+            return False  # the lower copy is gone: the next plan demotes instead
+        if await self._copies.remove(entry, tier, claim):
+            st.counters.drops += 1
+        st.counters.evictions[st.names[tier]] += 1
+        return True
+
+    async def _demote(self, entry: IndexEntry, plan: Demote, claim: Claim) -> bool:
+        st = self._st
+        source = plan.source
+        if source not in entry.locations:
+            return False
+        if any(t > source for t in entry.locations):
+            return await self._leave(entry, Evict(plan.key, plan.generation, plan.nbytes,
+                                                  source), claim)
+        async with self._copies.borrow(entry, source) as payload:
+            if payload is None:
+                return False
+            placed = await self._copies.store(entry, payload, plan.target, claim)
+        if entry.detached:
+            return False
+        st.counters.moved_bytes += plan.nbytes
+        if st.tiers[source].persistent:
+            # the source is the only durable copy until the target's is on media too
+            await st.commits[placed].sync()
+        await self._copies.remove(entry, source, claim)
+        st.counters.demotions[st.names[placed]] += 1
+        st.counters.evictions[st.names[source]] += 1
+        return True
+
+    async def _promote(self, entry: IndexEntry, plan: Promote, claim: Claim) -> bool:
+        st = self._st
+        if plan.target in entry.locations or plan.source not in entry.locations:
+            return False
+        if not st.tiers[plan.target].fits(plan.nbytes):
+            st.spaces[plan.target].cue.set()  # best effort: room first, a later hit promotes
+            return False
+        got = await self._copies.read(entry, plan.source)
+        if got is None:
+            return False
+        if not await self._copies.store_in(entry, got[1], plan.target, claim, wait=False):
+            return False
+        st.counters.moved_bytes += plan.nbytes
+        st.counters.promotions[st.names[plan.target]] += 1
+        return True

@@ -1,0 +1,95 @@
+"""Gets: lock-free reads of the fastest intact copy, and promotion on a hit below the top.
+
+A get takes no lock. It reads the fastest copy its entry lists; if the entry was replaced or
+removed while it read (a put, delete or invalidate of the key), it answers a miss, so a value
+is never returned after the call that removed it has returned. If the copy it read moved away
+meanwhile (a demotion committed, its source deleted) it tries the entry's next copy; if the tier
+failed it tries the next copy; if the copy failed its checksum it is forgotten (counted) and the
+next is tried. A hit served below the first tier asks the scheduler whether the object earns a
+copy upward, which the executor then makes in the background.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tierkv._concurrency import bounded_map
+from tierkv.engine._copies import CopyOps
+from tierkv.engine._executor import MoveExecutor
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._state import EngineState, log
+from tierkv.errors import DeviceError
+from tierkv.formats.value import ObjectMeta, Payload
+
+Found = tuple[ObjectMeta, Payload]
+
+
+class Reads:
+    __slots__ = ("_copies", "_executor", "_fan_out", "_st")
+
+    def __init__(self, state: EngineState, copies: CopyOps, executor: MoveExecutor) -> None:
+        self._st = state
+        self._copies = copies
+        self._executor = executor
+        #: lower-tier reads one `get_many` keeps in flight: the deepest queue below the top
+        self._fan_out = max((tier.queue_depth for tier in state.tiers[1:]),
+                            default=state.tiers[0].queue_depth)
+
+    async def get(self, key: bytes) -> Found | None:
+        st = self._st
+        st.counters.gets += 1
+        entry = st.index.get(key)
+        failed: list[int] = []
+        # each turn reads one copy; copies moving away under the reads end it after a few
+        for _turn in range(2 * len(st.tiers)):
+            if entry is None:
+                break
+            tier = next((t for t in entry.locations if t not in failed), None)
+            if tier is None:
+                break
+            try:
+                got = await st.tiers[tier].get(key)
+            except DeviceError as exc:
+                st.counters.device_errors += 1
+                log.warning("tier %s failed to read an object: %s", st.names[tier], exc)
+                failed.append(tier)
+                continue
+            if st.index.get(key) is not entry:
+                break  # replaced or removed while we read
+            if got is not None and got[0].generation == entry.generation:
+                st.counters.hits[st.names[tier]] += 1
+                st.scheduler.accessed(tier, key, st.now())
+                if tier:
+                    self._maybe_promote(entry, tier)
+                return got
+            if tier in entry.locations:
+                self._copies.lost(entry, tier)
+            # else the copy moved away while we read: try where it is now
+        st.counters.misses += 1
+        return None
+
+    def _maybe_promote(self, entry: IndexEntry, tier: int) -> None:
+        st = self._st
+        if entry.moving or st.keys.busy(entry.key):
+            return
+        plan = st.scheduler.on_hit(entry, tier)
+        if plan is not None:
+            entry.moving = True
+            self._executor.submit(plan)
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[Found | None]:
+        """`get` of every key, in order: first-tier hits inline, the rest with at most the lower
+        tiers' queue depth in flight."""
+        st = self._st
+        results: list[Found | None] = [None] * len(keys)
+        slow: list[int] = []
+        for position, key in enumerate(keys):
+            entry = st.index.get(key)
+            if entry is not None and entry.locations and entry.locations[0] == 0:
+                results[position] = await self.get(key)
+            else:
+                slow.append(position)
+        found = await bounded_map(self.get, [keys[p] for p in slow], self._fan_out)
+        for position, value in zip(slow, found, strict=True):
+            results[position] = value
+        return results

@@ -1,0 +1,45 @@
+"""Opening the tiers and indexing what the persistent ones recovered.
+
+Tiers open fastest first. Each persistent tier reports the objects it found intact on its media;
+of two copies of a key the newest generation wins and the older copy is deleted, equal
+generations are the same object held twice (inclusive caching). Generations of later puts start
+above the largest one recovered. If a tier fails to open, those already open are closed again.
+"""
+
+from __future__ import annotations
+
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._state import EngineState
+from tierkv.tiers.base import RecoveredObject, Tier
+
+
+async def open_tiers(state: EngineState) -> None:
+    opened: list[Tier] = []
+    try:
+        for index, tier in enumerate(state.tiers):
+            recovered = await tier.open()
+            opened.append(tier)
+            await _adopt(state, index, recovered)
+    except BaseException:
+        for tier in reversed(opened):
+            await tier.close()
+        raise
+
+
+async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredObject]) -> None:
+    index, tier = state.index, state.tiers[tier_index]
+    now = state.now()
+    for obj in recovered:
+        entry = index.get(obj.key)
+        if entry is not None and entry.generation > obj.meta.generation:
+            await tier.delete(obj.key)
+            continue
+        if entry is not None and entry.generation < obj.meta.generation:
+            index.detach(obj.key)
+            for older in entry.locations:
+                await state.tiers[older].delete(obj.key)
+            entry = None
+        if entry is None:
+            entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media
+        index.add_copy(entry, tier_index, now)
+        index.adopt_generation(obj.meta.generation)

@@ -1,0 +1,87 @@
+"""What the engine's parts share: tiers, index, scheduler, key gate, space, commits, counters.
+
+`EngineState` is built once by `Engine` and handed by reference to each part (reads, writes,
+moves, evictors, flush, pins, recovery), as the nvme tier's layers share its `LogState`. It
+holds no logic beyond starting and tracking the engine's background tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any
+
+from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig
+from tierkv.engine._budget import ByteBudget
+from tierkv.engine._commit import GroupCommit
+from tierkv.engine._index import Index
+from tierkv.engine._keys import KeyGate, Scrub
+from tierkv.engine._space import TierSpace
+from tierkv.engine.stats import EngineCounters
+from tierkv.errors import EngineClosedError
+from tierkv.scheduler import Scheduler
+from tierkv.tiers.base import Tier
+
+log = logging.getLogger("tierkv.engine")
+
+
+class EngineState:
+    def __init__(self, config: Config, tiers: tuple[Tier, ...]) -> None:
+        self.config = config
+        self.tiers = tiers
+        self.names = tuple(tier.name for tier in tiers)
+        self.scheduler = Scheduler(tiers, config.scheduler)
+        self.index = Index([tier.persistent for tier in tiers], self.scheduler)
+        self.counters = EngineCounters()
+        self.budget = ByteBudget(config.scheduler.migration_bandwidth)
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: the cleanup of cancelled writes (`CopyOps.scrub`), installed by the engine
+        self.scrub: Scrub | None = None
+        self.keys = KeyGate(self._scrub, self.spawn)
+        self.spaces = tuple(
+            TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
+            for tier, tier_config in zip(tiers, config.tiers, strict=True)
+        )
+        group = config.engine.group_commit
+        self.commits = tuple(GroupCommit(tier.flush, enabled=group) for tier in tiers)
+        #: public calls in progress, and the event close waits on for them to end
+        self.active = 0
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+        self.closing = False
+
+    @staticmethod
+    def _watermarks(tier: Tier, config: TierConfig) -> tuple[float, float] | None:
+        if tier.reclaims_space or not isinstance(config, GpuTierConfig | PmemTierConfig):
+            return None
+        return config.free_low, config.free_high
+
+    async def _scrub(self, key: bytes, dirty: set[int]) -> None:
+        assert self.scrub is not None, "the engine installs the scrub before any operation"
+        await self.scrub(key, dirty)
+
+    def check_open(self) -> None:
+        if self.closing:
+            raise EngineClosedError("the engine is closed")
+
+    @staticmethod
+    def now() -> float:
+        return time.monotonic()
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `coroutine` in the background; close waits for it."""
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("a background task of the engine failed", exc_info=error)
+
+    async def drain_tasks(self) -> None:
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))

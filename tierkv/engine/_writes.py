@@ -1,0 +1,78 @@
+"""Puts and deletes: the foreground writes of the engine.
+
+A put holds its key (`KeyGate`): it detaches the key's current entry (gets miss from here on)
+and deletes its copies, then writes the new value into the tier the scheduler names — waiting
+for space there if the tier is full (backpressure), never evicting itself — and publishes the
+new entry when that copy is committed. With ``write_through`` it then writes a copy into the
+first persistent tier and waits for that tier's flush, shared with concurrent puts (group
+commit). A cancelled or failed put leaves the key with no value or the new one, never another
+key's value changed; what it wrote and did not commit is scrubbed (`_keys`).
+"""
+
+from __future__ import annotations
+
+from tierkv.config import WritePolicy
+from tierkv.engine._copies import CopyOps
+from tierkv.engine._index import IndexEntry
+from tierkv.engine._keys import Claim
+from tierkv.engine._state import EngineState
+from tierkv.errors import TierFullError
+from tierkv.formats.value import ObjectMeta, Payload
+
+
+class Writes:
+    __slots__ = ("_copies", "_st", "_write_through")
+
+    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+        self._st = state
+        self._copies = copies
+        self._write_through = state.config.engine.write_policy is WritePolicy.WRITE_THROUGH
+
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> None:
+        st = self._st
+        async with st.keys.hold(key) as claim:
+            st.check_open()
+            old = st.index.detach(key)
+            if old is not None:
+                await self._copies.discard(old, claim)
+            entry = st.index.new_entry(key, meta)
+            first = st.scheduler.write_tier(entry.nbytes)
+            if first is None:
+                raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
+            placed = await self._copies.store(entry, payload, first, claim)
+            if self._write_through:
+                try:
+                    await self._make_durable(entry, payload, placed, claim)
+                except BaseException:
+                    self._abandon(entry, claim)
+                    raise
+
+    def _abandon(self, entry: IndexEntry, claim: Claim) -> None:
+        """A write-through put that could not make its value durable leaves no value: the copies
+        it committed become orphans that the key's scrub deletes (no await here, so that this
+        also holds for a cancelled put)."""
+        if self._st.index.get(entry.key) is entry:
+            self._st.index.detach(entry.key)
+        for tier in entry.locations:
+            claim.mark(tier)
+
+    async def _make_durable(self, entry: IndexEntry, payload: Payload, placed: int,
+                            claim: Claim) -> None:
+        """Write-through: a persistent tier holds the object, on media, before `put` returns."""
+        st = self._st
+        if not st.tiers[placed].persistent:
+            durable = st.scheduler.durable_tier(entry.nbytes, placed + 1)
+            if durable is None:
+                return  # no persistent tier can hold it: as durable as the hierarchy allows
+            placed = await self._copies.store(entry, payload, durable, claim)
+        await st.commits[placed].sync()
+
+    async def delete(self, key: bytes) -> bool:
+        st = self._st
+        async with st.keys.hold(key) as claim:
+            st.check_open()
+            entry = st.index.detach(key)
+            if entry is None:
+                return False
+            await self._copies.discard(entry, claim)
+            return True
