@@ -27,6 +27,10 @@ index does not use, listed in the superblock. The body is ``[version, uuid, next
 entries]`` with plain arrays only (see `Checkpoint`); decoding checks every type. Version 2 adds
 each region's *shadows* (the older regions whose records it supersedes); a version 1 checkpoint
 is refused, so the tier rebuilds by scanning, which recomputes them.
+
+The tier assembles and parses these bytes only through this module: `write_region_header`,
+`write_entry`, `decode_entry` (one entry read back), `scan_entries` (a whole region at a scan),
+`checkpoint_chunks` and `checkpoint_total`.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from typing import Any
 import msgpack
 
 from tierkv.errors import CorruptObjectError
-from tierkv.formats.header import checksum
+from tierkv.formats.header import ObjectHeader, checksum, decode_header, verify_payload
+from tierkv.formats.value import ObjectMeta
 
 SUPERBLOCK_SIZE = 4096
 SUPERBLOCK_MAGIC = b"TKVNVME\x00"
@@ -102,6 +107,10 @@ class ForeignFormatError(CorruptObjectError):
     """The superblock is not ours (other magic) or of another layout version."""
 
 
+class BlankSuperblockError(ForeignFormatError):
+    """The superblock block is all zeros."""
+
+
 def encode_superblock(sb: Superblock) -> bytes:
     if len(sb.checkpoint_regions) > MAX_CHECKPOINT_REGIONS:
         raise ValueError("too many checkpoint regions for the superblock")
@@ -118,6 +127,8 @@ def decode_superblock(buf: bytes | bytearray | memoryview) -> Superblock:
     `CorruptObjectError` when it is ours but damaged."""
     if len(buf) < SUPERBLOCK_SIZE:
         raise ForeignFormatError("shorter than a superblock")
+    if not any(buf[:SUPERBLOCK_SIZE]):
+        raise BlankSuperblockError("the superblock is all zeros")
     fields = _SB.unpack_from(buf, 0)
     magic, version = fields[0], fields[1]
     if magic != SUPERBLOCK_MAGIC:
@@ -144,6 +155,12 @@ def decode_superblock(buf: bytes | bytearray | memoryview) -> Superblock:
 def encode_region_header(uuid: bytes, seq: int, index: int) -> bytes:
     head = _REGION.pack(REGION_MAGIC, uuid, seq, index, 0, 0)[:-8]
     return head + struct.pack("<Q", checksum(head))
+
+
+def write_region_header(view: memoryview, uuid: bytes, seq: int, index: int,
+                        alignment: int) -> None:
+    """The region's first block: its header, zero padded to `alignment`."""
+    view[:alignment] = encode_region_header(uuid, seq, index).ljust(alignment, b"\0")
 
 
 def decode_region_header(
@@ -189,6 +206,91 @@ def decode_prefix(
 
 def has_entry_magic(buf: bytes | bytearray | memoryview, offset: int) -> bool:
     return bytes(buf[offset : offset + len(ENTRY_MAGIC)]) == ENTRY_MAGIC
+
+
+def write_entry(view: memoryview, at: int, uuid: bytes, *, seq: int, flags: int, header: bytes,
+                payload: bytes | memoryview, size: int) -> None:
+    """Assemble ``prefix | header | payload | zero padding`` in ``view[at : at + size]``;
+    `size` is `entry_size` of the header and payload."""
+    start = at + PREFIX.size
+    view[at:start] = encode_prefix(uuid, flags, seq, len(header) + len(payload))
+    view[start : start + len(header)] = header
+    start += len(header)
+    view[start : start + len(payload)] = payload
+    start += len(payload)
+    view[start : at + size] = bytes(at + size - start)
+
+
+def _decode_body(data: memoryview, start: int, body_len: int
+                 ) -> tuple[ObjectHeader, int, memoryview]:
+    """The object header, its length and the payload of the body at `start`; raises
+    `CorruptObjectError` unless header and payload check out and fill the body exactly."""
+    header, header_len = decode_header(data[start : start + body_len])
+    if header_len + header.payload_length != body_len:
+        raise CorruptObjectError("entry body length disagrees with its header")
+    payload = data[start + header_len : start + body_len]
+    verify_payload(header, payload)
+    return header, header_len, payload
+
+
+def decode_entry(data: memoryview, uuid: bytes, seq: int
+                 ) -> tuple[ObjectHeader, bytes, memoryview]:
+    """The object entry at the start of `data` written in the region use `seq`: its header,
+    the header's bytes and a view of its payload; `CorruptObjectError` if anything fails."""
+    prefix = decode_prefix(data, 0, uuid)
+    if prefix is None or prefix.seq != seq or prefix.flags & TOMBSTONE:
+        raise CorruptObjectError("entry prefix damaged")
+    header, header_len, payload = _decode_body(data, PREFIX.size, prefix.body_len)
+    return header, bytes(data[PREFIX.size : PREFIX.size + header_len]), payload
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedEntry:
+    key: bytes
+    offset: int
+    length: int
+    meta: ObjectMeta
+    tombstone: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RegionEntries:
+    """A scanned region: intact entries in log order, end of the last, damaged ones skipped."""
+
+    used: int
+    entries: tuple[ScannedEntry, ...]
+    corrupt: int
+
+
+def scan_entries(data: memoryview, uuid: bytes, seq: int, alignment: int) -> RegionEntries:
+    """Parse a whole region (`data`, header block first) written in its use `seq`: an entry
+    counts if its prefix holds with this seq (else it is stale); one with a sound prefix but a
+    bad header or payload is counted and skipped; a bad prefix is stepped over block by block."""
+    offset = used = alignment
+    entries: list[ScannedEntry] = []
+    corrupt = 0
+    while offset + PREFIX.size <= len(data):
+        prefix = decode_prefix(data, offset, uuid)
+        if prefix is None or prefix.seq != seq:
+            if prefix is None and has_entry_magic(data, offset):
+                corrupt += 1
+            offset += alignment
+            continue
+        total = entry_size(0, prefix.body_len, alignment)
+        if offset + total > len(data):
+            corrupt += 1
+            offset += alignment
+            continue
+        used = offset + total
+        try:
+            header, _len, _payload = _decode_body(data, offset + PREFIX.size, prefix.body_len)
+        except CorruptObjectError:
+            corrupt += 1
+        else:
+            entries.append(ScannedEntry(header.key, offset, total, header.meta,
+                                        bool(prefix.flags & TOMBSTONE)))
+        offset += total
+    return RegionEntries(used, tuple(entries), corrupt)
 
 
 # -- checkpoint ----------------------------------------------------------------------------------
@@ -241,6 +343,13 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
         use_bin_type=True,
     )
     return _CKPT.pack(CHECKPOINT_MAGIC, len(body), checksum(body)) + body
+
+
+def checkpoint_chunks(data: bytes, region_size: int, alignment: int) -> list[bytes]:
+    """An encoded checkpoint cut into one piece per region it takes, each zero padded to
+    `alignment` (the superblock records the unpadded length)."""
+    return [piece.ljust(align_up(len(piece), alignment), b"\0")
+            for piece in (data[at : at + region_size] for at in range(0, len(data), region_size))]
 
 
 def checkpoint_total(buf: bytes | bytearray | memoryview) -> tuple[int, int]:

@@ -10,7 +10,6 @@ flushed head in place before the checkpoint is written.
 from __future__ import annotations
 
 from tierkv.errors import CorruptObjectError
-from tierkv.formats.header import checksum
 from tierkv.formats.nvme_layout import (
     MAX_CHECKPOINT_REGIONS,
     SUPERBLOCK_SIZE,
@@ -18,7 +17,7 @@ from tierkv.formats.nvme_layout import (
     CheckpointEntry,
     CheckpointRegion,
     Superblock,
-    align_up,
+    checkpoint_chunks,
     checkpoint_total,
     decode_checkpoint,
     encode_checkpoint,
@@ -107,26 +106,22 @@ class CheckpointIO:
                                            int(meta.kind), meta.dtype, meta.shape, meta.nbytes,
                                            meta.generation, meta.parents))
         data = encode_checkpoint(Checkpoint(sb.uuid, st.next_seq, tuple(regions), entries))
-        size = st.config.region_size
-        needed = -(-len(data) // size)
+        chunks = checkpoint_chunks(data, st.config.region_size, st.align)
         free = [r.index for r in st.regions if r.state is RegionState.FREE]
-        if needed > len(free) or needed > MAX_CHECKPOINT_REGIONS:
+        if len(chunks) > len(free) or len(chunks) > MAX_CHECKPOINT_REGIONS:
             st.counters["checkpoint_skipped"] += 1
             log.warning("%s: no room for a %d-byte checkpoint; the next open will scan",
                         st.name, len(data))
             return
-        targets = tuple(free[:needed])
-        buf = st.pool.acquire(size)
+        targets = tuple(free[: len(chunks)])
+        buf = st.pool.acquire(st.config.region_size)
         try:
-            for n, index in enumerate(targets):
-                chunk = data[n * size : (n + 1) * size]
-                length = align_up(len(chunk), st.align)
+            for chunk, index in zip(chunks, targets, strict=True):
                 buf.view[: len(chunk)] = chunk
-                buf.view[len(chunk) : length] = bytes(length - len(chunk))
-                await io.write(buf, st.offset(index), length)
-                st.counters["bytes_written"] += length
+                await io.write(buf, st.offset(index), len(chunk))
+                st.counters["bytes_written"] += len(chunk)
         finally:
             st.pool.release(buf)
         await io.sync()
-        st.sb = sb.with_checkpoint(len(data), checksum(data[24:]), targets)
+        st.sb = sb.with_checkpoint(*checkpoint_total(data), targets)
         await self.write_superblock(st.sb)

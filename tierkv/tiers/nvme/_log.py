@@ -5,34 +5,48 @@ which region a reclaim takes (`eviction`, `Region.shadows`), which of its entrie
 (`reinsert_hits`), and reading an entry back (shared with `get`). `RegionLog` holds the tier's
 `LogState` and the write-behind (`RegionWrites`) it seals regions with. Appends, rotations and
 reclaims run under the state's lock; reads do not.
+
+Cancellation: the caller under the lock may be cancelled at every await here, so each await
+leaves the log consistent and changes nothing it would have to undo. Room for an entry is made
+first (`make_room`, the only awaits of an append) and the entry is then placed with no await
+(`place`). A rotation waits for a seal slot while the head is still attached, then seals it and
+starts its seal task in one step; a reclaim waits and reads the victim's hot entries before it
+touches anything, then frees the victim and drops its keys in one step; a head is opened and the
+hot entries copied into it in one step. Between those steps the log may have no head, which the
+next append opens.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from tierkv.config import RegionEviction
 from tierkv.errors import CorruptObjectError, DeviceError
-from tierkv.formats.header import (
-    ObjectHeader,
-    checksum,
-    decode_header,
-    encode_header,
-    verify_payload,
-)
+from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import (
-    PREFIX,
     TOMBSTONE,
-    decode_prefix,
-    encode_prefix,
-    encode_region_header,
+    decode_entry,
     entry_size,
+    write_entry,
+    write_region_header,
 )
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.nvme._index import Location
-from tierkv.tiers.nvme._regions import Region, RegionState
-from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme._regions import Region, RegionState, Superseded
+from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
+from tierkv.tiers.nvme._tasks import settle, spawn
 from tierkv.tiers.nvme._writes import WRITE_CHUNK, RegionWrites
+
+
+@dataclass(frozen=True, slots=True)
+class HotEntry:
+    """An entry of a reclaimed region read back to be copied into the new head."""
+
+    key: bytes
+    meta: ObjectMeta
+    header: bytes
+    payload: bytes
 
 
 class RegionLog:
@@ -45,38 +59,39 @@ class RegionLog:
         self._writes = writes
 
     async def append(self, key: bytes, meta: ObjectMeta, header: bytes, *,
-                     payload: memoryview | bytes, flags: int, size: int,
-                     hits: int = 0, shadowed: tuple[Location, int] | None = None
-                     ) -> list[bytes]:
-        """Copy one entry into the head (rotating first if it does not fit); under the lock."""
+                     payload: memoryview | bytes, flags: int, size: int) -> None:
+        """`make_room`, then `place`; under the lock. Keys it drops go to `LogState.drop`."""
+        await self.make_room(size)
+        self.place(key, meta, header, payload=payload, flags=flags, size=size)
+
+    async def make_room(self, size: int) -> None:
+        """Rotate until the head has `size` bytes free; under the lock."""
         st = self._st
-        dropped: list[bytes] = []
         while st.head is None or st.head.used + size > st.config.region_size:
-            dropped.extend(await self._rotate())
+            await self._rotate()
+
+    def place(self, key: bytes, meta: ObjectMeta, header: bytes, *, payload: memoryview | bytes,
+              flags: int, size: int, hits: int = 0, shadowed: Location | None = None) -> None:
+        """Copy one entry into the head, which has room for it (`make_room`); no await.
+
+        `shadowed`: for a tombstone, where the deleted entry was (forgotten by the caller).
+        """
+        st = self._st
         _d, _io, sb = st.dev_io()
         head = st.head
-        assert head.buffer is not None
-        view = head.buffer.view
+        assert head is not None and head.buffer is not None
+        assert head.used + size <= st.config.region_size
         at = head.used
-        body = len(header) + len(payload)
-        view[at : at + PREFIX.size] = encode_prefix(sb.uuid, flags, head.seq, body)
-        start = at + PREFIX.size
-        view[start : start + len(header)] = header
-        start += len(header)
-        view[start : start + len(payload)] = payload
-        start += len(payload)
-        view[start : at + size] = bytes(at + size - start)
+        write_entry(head.buffer.view, at, sb.uuid, seq=head.seq, flags=flags, header=header,
+                    payload=payload, size=size)
         head.used = at + size
         if head.used - head.durable >= WRITE_CHUNK:
             self._writes.write_behind(head, whole_chunks=True)  # keep the device busy meanwhile
         if flags & TOMBSTONE:
             head.supersedes.add(key)
-            # the region of the deleted entry may have been reclaimed by the rotation above
-            if shadowed is not None and st.regions[shadowed[0].region].seq == shadowed[1]:
-                st.shadow(head, shadowed[0])
+            st.shadow(head, shadowed)
         else:
             st.insert(key, head, offset=at, length=size, meta=meta, hits=hits)
-        return dropped
 
     async def settle_superseded(self) -> None:
         """Tombstone again, in the head, what failed region writes had superseded; under the lock.
@@ -84,61 +99,86 @@ class RegionLog:
         A key stored again since needs no tombstone (its new record is newer than every older
         one): its region inherits the wait instead. A region reused since whose new header is
         still in flight is waited for first: once that header is on media its old records are
-        stale, if it fails they are not (`LogState.inherit`). Keys a reclaim drops here are
-        returned by the next `put`. A failure of the region these tombstones go to queues them
-        again.
+        stale, if it fails they are not (`LogState.inherit`). One pass over the items queued when
+        it starts (a failure of the region these tombstones go to queues them again, for the
+        next pass); an item leaves the queue once done, and a cancellation puts back what is left
+        of the one in progress.
         """
         st = self._st
-        batch, st.superseded = st.superseded, []
-        for item in batch:
+        for _ in range(len(st.superseded)):
+            item = st.superseded[0]
             while any(self._header_pending(index, seq) for index, seq in item.regions):
-                st.changed.clear()
-                await st.changed.wait()
-            for key in sorted(item.keys):
-                loc = st.index.get(key)
-                if loc is not None:
-                    st.inherit(st.regions[loc.region], item.regions)
-                    continue
-                tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, 0)
-                header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
-                size = entry_size(len(header), 0, st.align)
-                st.lost.extend(await self.append(key, tomb, header, payload=b"",
-                                                 flags=TOMBSTONE, size=size))
-                assert st.head is not None  # the region the tombstone went to
-                st.inherit(st.head, item.regions)
+                await st.wait_changed()
+            done: set[bytes] = set()
+            try:
+                for key in sorted(item.keys):
+                    loc = st.index.get(key)
+                    if loc is not None:
+                        st.inherit(st.regions[loc.region], item.regions)
+                    else:
+                        tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, 0)
+                        header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
+                        size = entry_size(len(header), 0, st.align)
+                        await self.make_room(size)
+                        self.place(key, tomb, header, payload=b"", flags=TOMBSTONE, size=size)
+                        assert st.head is not None  # the region the tombstone went to
+                        st.inherit(st.head, item.regions)
+                    done.add(key)
+            except BaseException:
+                st.superseded[0] = Superseded(item.keys - done, item.regions)
+                raise
+            st.superseded.pop(0)
 
     def _header_pending(self, index: int, seq: int) -> bool:
         region = self._st.regions[index]
         return (region.seq != seq and region.state is not RegionState.FREE
                 and not region.header_written and region.failed is None)
 
-    async def _rotate(self) -> list[bytes]:
+    async def _rotate(self) -> None:
         """Seal the head (write it in the background) and open a new head region."""
         st = self._st
-        if st.head is not None:
-            head, st.head = st.head, None
-            await st.seal_slots.acquire()
-            head.state = RegionState.SEALING
-            task = asyncio.create_task(self._writes.write_sealed(head))
-            st.sealing.add(task)
-            task.add_done_callback(st.sealing.discard)
-        dropped: list[bytes] = []
-        hot: list[tuple[bytes, ObjectMeta, bytes, bytes]] = []
+        while st.head is not None:
+            if len(st.sealing) < SEALS_IN_FLIGHT:
+                self._seal(st.head)
+                break
+            await st.wait_changed()  # a seal task's end frees a slot (`LogState.sealing`)
+        region, hot = await self._take_region()
+        self._open_head(region, hot)
+
+    def _seal(self, head: Region) -> None:
+        """Detach the head and start writing it, in one step: it is never left without an owner."""
+        st = self._st
+        st.head = None
+        head.state = RegionState.SEALING
+        spawn(self._writes.write_sealed(head), st.sealing, st.changed.set)
+
+    async def _take_region(self) -> tuple[Region, list[HotEntry]]:
+        """A FREE region with no reads in flight for the new head, reclaiming one if need be,
+        and the hot entries of a reclaimed victim (already dropped from the index)."""
+        st = self._st
         # `reuse_failed` is False for close's last flush: a region whose write failed (perhaps a
         # bad area) is then reused only when no victim can be reclaimed (see `_reclaim`)
         free = next((r for r in st.regions if r.state is RegionState.FREE
                      and (st.reuse_failed or r.failed is None)), None)
-        if free is None:
-            region, hot, dropped = await self._reclaim()
-        else:
-            region = free
+        region, hot = (free, []) if free is not None else await self._reclaim()
+        try:
+            while region.readers:  # reads that began before the index let go of the region
+                await st.wait_changed()
+        except BaseException:
+            # the hot entries left the index with their region and are not copied back now
+            st.counters["entries_dropped"] += len(hot)
+            st.drop([entry.key for entry in hot])
+            raise
+        return region, hot
+
+    def _open_head(self, region: Region, hot: list[HotEntry]) -> None:
+        """Make `region` the head and copy `hot` into it; no await."""
+        st = self._st
         _d, _io, sb = st.dev_io()
         region.state, region.seq = RegionState.HEAD, st.next_seq
         st.next_seq += 1
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
-        region.buffer.view[: st.align] = encode_region_header(
-            sb.uuid, region.seq, region.index
-        ).ljust(st.align, b"\0")
+        write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
         region.used, region.durable, region.live = st.align, st.align, 0
         region.failed, region.header_written = None, False
         region.supersedes = set()
@@ -149,26 +189,26 @@ class RegionLog:
         # took to serve it behind queue_depth 1 MiB writes, and left the device idle after.
         waiting = [r for r in st.regions if region.index in r.shadows]
         region.shadows.clear()  # empty already: a victim shadows nothing
-        task = asyncio.create_task(self._writes.write_region_header(region, waiting))
-        region.writes.add(task)
-        task.add_done_callback(region.writes.discard)
+        spawn(self._writes.write_region_header(region, waiting), region.writes)
         region.last_access = st.tick
         st.head = region
-        for key, meta, header, payload in hot:
-            size = entry_size(len(header), len(payload), st.align)
-            dropped.extend(await self.append(key, meta, header, payload=payload, flags=0,
-                                             size=size))
+        # they fit: they all came from one region of the same geometry
+        for entry in hot:
+            size = entry_size(len(entry.header), len(entry.payload), st.align)
+            self.place(entry.key, entry.meta, entry.header, payload=entry.payload, flags=0,
+                       size=size)
             st.counters["entries_reinserted"] += 1
-        return dropped
 
-    async def _reclaim(self) -> tuple[Region, list[tuple[bytes, ObjectMeta, bytes, bytes]],
-                                      list[bytes]]:
-        """Free a victim region; returns it, the hot entries to reinsert and the dropped keys."""
+    async def _reclaim(self) -> tuple[Region, list[HotEntry]]:
+        """Free a victim region; returns it and the hot entries to copy into the new head.
+
+        Everything before the victim is freed only waits and reads; freeing it and dropping its
+        keys (`LogState.drop`) is one step.
+        """
         st = self._st
-        if st.sealing:
-            # a region still being written may be the oldest (FIFO) or the least recently used
-            # one (LRU): wait for it rather than take a younger region out of turn
-            await asyncio.gather(*st.sealing, return_exceptions=True)
+        # a region still being written may be the oldest (FIFO) or the least recently used
+        # one (LRU): wait for it rather than take a younger region out of turn
+        await settle(st.sealing)
         while True:
             # A region superseding records of an older one waits for it (see Region.shadows);
             # the oldest sealed region never waits, so FIFO is unaffected.
@@ -180,43 +220,39 @@ class RegionLog:
             # shadowing a failed region waits for its reuse): reuse it then.
             spare = next((r for r in st.regions if r.state is RegionState.FREE), None)
             if spare is not None:
-                return spare, [], []
-            st.changed.clear()
-            await st.changed.wait()
+                return spare, []
+            await st.wait_changed()
         if st.config.eviction is RegionEviction.LRU:
             victim = min(victims, key=lambda r: (r.last_access, r.seq))
         else:
             victim = min(victims, key=lambda r: r.seq)
-        victim.state = RegionState.FREE  # no new reads start on it; the index still points at it
-        keys = st.index.keys_in_region(victim.index)
         threshold = st.config.reinsert_hits
         hot_keys = []
+        if threshold:
+            for key in st.index.keys_in_region(victim.index):
+                loc = st.index.get(key)
+                if loc is not None and loc.hits >= threshold:
+                    hot_keys.append(key)
+        hot = await self._read_hot(victim, hot_keys) if hot_keys else []
+        # from here on no await: the index lets go of the victim in this step
+        keys = st.index.keys_in_region(victim.index)  # a get may have dropped a corrupt one
+        held = set(keys)
+        hot = [entry for entry in hot if entry.key in held]
+        reinserted = {entry.key for entry in hot}
+        victim.state = RegionState.FREE
         for key in keys:
-            loc = st.index.get(key)
-            if threshold and loc is not None and loc.hits >= threshold:
-                hot_keys.append(key)
-        hot: list[tuple[bytes, ObjectMeta, bytes, bytes]] = []
-        if hot_keys:
-            hot = await self._read_hot(victim, hot_keys)
-        for key in keys:
-            loc = st.index.get(key)
-            if loc is not None and loc.region == victim.index:
-                st.forget(key)
-        reinserted = {key for key, _m, _h, _p in hot}
+            st.forget(key)
+        victim.live = 0
         dropped = [key for key in keys if key not in reinserted]
         st.counters["regions_reclaimed"] += 1
         st.counters["entries_dropped"] += len(dropped)
-        victim.live = 0
-        while victim.readers:  # reads that began before the index let go of the region
-            st.changed.clear()
-            await st.changed.wait()
-        return victim, hot, dropped
+        st.drop(dropped)
+        return victim, hot
 
-    async def _read_hot(self, victim: Region, keys: list[bytes]
-                        ) -> list[tuple[bytes, ObjectMeta, bytes, bytes]]:
+    async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:
         st = self._st
 
-        async def one(key: bytes) -> tuple[bytes, ObjectMeta, bytes, bytes] | None:
+        async def one(key: bytes) -> HotEntry | None:
             loc = st.index.get(key)
             if loc is None or loc.region != victim.index:
                 return None
@@ -227,8 +263,10 @@ class RegionLog:
             if entry is None:
                 return None
             header, header_bytes, payload = entry
-            return key, header.meta, header_bytes, bytes(payload)
+            return HotEntry(key, header.meta, header_bytes, bytes(payload))
 
+        # a cancellation cancels these reads (they are this caller's own); each gives its
+        # buffer and its count in `readers` back before the cancellation goes on
         results = await asyncio.gather(*(one(k) for k in keys))
         return [r for r in results if r is not None]
 
@@ -246,6 +284,7 @@ class RegionLog:
             buf = st.pool.acquire(loc.length)
             region.readers += 1
             try:
+                # a cancelled read returns once the device is done with `buf` (`BlockIO`)
                 await io.read(buf, st.offset(region.index) + loc.offset, loc.length)
                 data = bytearray(buf.view[: loc.length])
             finally:
@@ -254,18 +293,10 @@ class RegionLog:
                 if region.readers == 0:
                     st.changed.set()
             st.counters["bytes_read"] += loc.length
-        view = memoryview(data)
         try:
-            prefix = decode_prefix(view, 0, sb.uuid)
-            if prefix is None or prefix.seq != region.seq or prefix.flags & TOMBSTONE:
-                raise CorruptObjectError("entry prefix damaged")
-            header, header_len = decode_header(view[PREFIX.size : PREFIX.size + prefix.body_len])
-            start = PREFIX.size + header_len
-            payload = view[start : start + header.payload_length]
-            verify_payload(header, payload)
+            return decode_entry(memoryview(data), sb.uuid, region.seq)
         except CorruptObjectError as exc:
             st.counters["checksum_failures"] += 1
             log.warning("%s: entry at region %d offset %d is corrupt: %s", st.name,
                         region.index, loc.offset, exc)
             return None
-        return header, bytes(view[PREFIX.size:start]), payload

@@ -1,18 +1,26 @@
 """Opening the NVMe tier's media: validate or format the superblock, then recover the index.
 
-Separate because it is the open-time decision: adopt an existing superblock (checked against the
-config), refuse another format unless ``format = true``, or format; then load the checkpoint or
-rebuild the index by scanning regions (`_scan`). `NvmeRecovery` holds the tier's `LogState`
-and the checkpoint layer (`CheckpointIO`) whose superblock writes and loads it uses.
+Separate because it is the open-time decision, one rule whatever ``format`` says: a usable log
+(a valid superblock of this layout version and of the configured region size and count) is
+always recovered, never wiped. New media is formatted: a file created by this open or of size
+0, or a block device whose superblock is all zeros (it cannot be truncated; `tierkv format`
+zeroes it). Anything else (another format, a regular file's zeroed or any damaged superblock,
+another version or geometry, a file shorter than a superblock) is formatted only with
+``format = true`` and otherwise refused with a `DeviceError` naming the path, leaving it
+untouched. Recovery loads the checkpoint or rebuilds the index by scanning regions (`_scan`).
+`NvmeRecovery` holds the tier's `LogState` and the checkpoint layer (`CheckpointIO`) whose
+superblock writes and loads it uses.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.nvme_layout import (
     SUPERBLOCK_SIZE,
+    BlankSuperblockError,
     ForeignFormatError,
     Superblock,
     decode_superblock,
@@ -25,6 +33,14 @@ from tierkv.tiers.nvme._scan import scan_regions
 from tierkv.tiers.nvme._state import LogState, log
 
 
+@dataclass(frozen=True, slots=True)
+class _Unusable:
+    """Why the media holds no usable log."""
+
+    reason: str
+    blank: bool = False  # its superblock is all zeros
+
+
 class NvmeRecovery:
     """Superblock validation or formatting and index recovery at open; see `tierkv.tiers.nvme`."""
 
@@ -35,52 +51,53 @@ class NvmeRecovery:
         self._checkpoint = checkpoint
 
     async def load_or_format(self, device: Device) -> None:
+        """Recover the log on `device`, or format it where the rule allows (module docstring)."""
         st = self._st
-        io = st.io
-        assert io is not None
         need = SUPERBLOCK_SIZE + st.region_count * st.config.region_size
-        existing: Superblock | None = None
-        if 0 < device.size < SUPERBLOCK_SIZE and not st.config.format:
-            raise DeviceError(f"{device.path}: {device.size} bytes of another format (shorter "
-                              "than a superblock); set format = true to overwrite it")
-        if device.size >= SUPERBLOCK_SIZE and not device.created:
-            buf = st.pool.acquire(SUPERBLOCK_SIZE)
-            try:
-                await io.read(buf, 0, SUPERBLOCK_SIZE)
-                existing = decode_superblock(buf.view[:SUPERBLOCK_SIZE])
-            except ForeignFormatError as exc:
-                if not self._blank(buf.view[:SUPERBLOCK_SIZE]) and not st.config.format:
-                    raise DeviceError(
-                        f"{device.path}: holds another format ({exc}); set format = true to "
-                        "overwrite it"
-                    ) from exc
-            except CorruptObjectError as exc:
-                if not st.config.format:
-                    raise DeviceError(f"{device.path}: damaged tierkv superblock: {exc}") from exc
-            finally:
-                st.pool.release(buf)
-        if existing is not None and not st.config.format:
-            if (existing.region_size, existing.region_count) != (
-                st.config.region_size, st.region_count
-            ):
-                raise DeviceError(
-                    f"{device.path}: formatted with region_size {existing.region_size} x "
-                    f"{existing.region_count} regions, the config asks for "
-                    f"{st.config.region_size} x {st.region_count}; set format = true to "
-                    "reformat"
-                )
-            st.sb = existing
-            await self._recover(existing)
-            return
+        if not device.created and device.size > 0:
+            found = await self._read_superblock(device)
+            if isinstance(found, Superblock):
+                st.sb = found
+                await self._recover(found)
+                return
+            if found.blank and device.block_device:
+                log.info("%s: zeroed superblock: a new device; formatting it", device.path)
+            elif not st.config.format:
+                raise DeviceError(f"{device.path}: {found.reason}; set format = true to "
+                                  "overwrite it")
+            else:
+                log.warning("%s: %s; formatting it (format = true)", device.path, found.reason)
         if device.block_device and device.size < need:
             raise DeviceError(
                 f"{device.path}: {device.size} bytes is smaller than the configured {need}"
             )
         await self._format(device, need)
 
-    @staticmethod
-    def _blank(view: memoryview) -> bool:
-        return not any(view)
+    async def _read_superblock(self, device: Device) -> Superblock | _Unusable:
+        """The superblock of a usable log of the configured geometry, or why there is none."""
+        st = self._st
+        if device.size < SUPERBLOCK_SIZE:
+            return _Unusable(f"{device.size} bytes of another format (shorter than a superblock)")
+        io = st.io
+        assert io is not None
+        buf = st.pool.acquire(SUPERBLOCK_SIZE)
+        try:
+            await io.read(buf, 0, SUPERBLOCK_SIZE)
+            existing = decode_superblock(buf.view[:SUPERBLOCK_SIZE])
+        except BlankSuperblockError:
+            return _Unusable("its superblock is all zeros", blank=True)
+        except ForeignFormatError as exc:
+            return _Unusable(f"holds no tierkv log of this version ({exc})")
+        except CorruptObjectError as exc:
+            return _Unusable(f"damaged tierkv superblock ({exc})")
+        finally:
+            st.pool.release(buf)
+        if (existing.region_size, existing.region_count) != (st.config.region_size,
+                                                             st.region_count):
+            return _Unusable(f"formatted with region_size {existing.region_size} x "
+                             f"{existing.region_count} regions, the config asks for "
+                             f"{st.config.region_size} x {st.region_count}")
+        return existing
 
     async def _format(self, device: Device, need: int) -> None:
         st = self._st
@@ -123,10 +140,11 @@ class NvmeRecovery:
         st.reset_index()
         for scanned in await scan_regions(io, st.pool, sb):
             region = st.regions[scanned.index]
-            region.state, region.seq, region.used = RegionState.SEALED, scanned.seq, scanned.used
+            region.state, region.seq = RegionState.SEALED, scanned.seq
+            region.used = scanned.found.used
             st.next_seq = max(st.next_seq, scanned.seq + 1)
-            st.counters["checksum_failures"] += scanned.corrupt
-            for entry in scanned.entries:
+            st.counters["checksum_failures"] += scanned.found.corrupt
+            for entry in scanned.found.entries:
                 if entry.tombstone:
                     st.shadow(region, st.forget(entry.key))
                 else:

@@ -1,30 +1,21 @@
 """Rebuilding the NVMe tier's index by scanning region entry headers (no valid checkpoint).
 
 Every region whose first block is a valid region header of this device (magic, uuid, index,
-checksum) is read whole and parsed entry by entry. An entry counts only if its prefix checksum
-holds and its seq equals the region's (else it is stale data from an earlier use of the region).
-An entry whose prefix holds but whose object header or payload fails its checksum is dropped and
-counted, and the scan continues after it; a damaged prefix makes the scan step one aligned block
-at a time until the next valid prefix.
+checksum) is read whole and parsed entry by entry (`nvme_layout.scan_entries`, which says what
+counts). This module does the reading; the bytes are the layout's.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from tierkv.errors import CorruptObjectError
-from tierkv.formats.header import decode_header, verify_payload
 from tierkv.formats.nvme_layout import (
-    PREFIX,
-    TOMBSTONE,
+    RegionEntries,
     Superblock,
-    decode_prefix,
     decode_region_header,
-    entry_size,
-    has_entry_magic,
+    scan_entries,
 )
-from tierkv.formats.value import ObjectMeta
 from tierkv.tiers.nvme.io._aligned import AlignedPool
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
@@ -32,21 +23,10 @@ _CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class ScannedEntry:
-    key: bytes
-    offset: int
-    length: int
-    meta: ObjectMeta
-    tombstone: bool
-
-
-@dataclass(slots=True)
 class ScannedRegion:
     index: int
     seq: int
-    used: int = 0
-    entries: list[ScannedEntry] = field(default_factory=list)
-    corrupt: int = 0
+    found: RegionEntries  # its entries, the end of the last one, the damaged ones skipped
 
 
 async def read_range(io: BlockIO, pool: AlignedPool, offset: int, length: int,
@@ -70,54 +50,19 @@ async def read_range(io: BlockIO, pool: AlignedPool, offset: int, length: int,
 async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock) -> list[ScannedRegion]:
     """The valid regions, oldest first, each with its intact entries in log order."""
     align = sb.alignment
-    found: list[ScannedRegion] = []
+    headers: list[tuple[int, int]] = []
     head = pool.acquire(align)
     try:
         for index in range(sb.region_count):
             await io.read(head, sb.region_offset(index), align)
             seq = decode_region_header(head.view, sb.uuid, index)
             if seq is not None:
-                found.append(ScannedRegion(index, seq))
+                headers.append((seq, index))
     finally:
         pool.release(head)
-    found.sort(key=lambda r: r.seq)
-    for region in found:
-        data = await read_range(io, pool, sb.region_offset(region.index), sb.region_size)
-        parse_region(memoryview(data), region, sb)
+    found = []
+    for seq, index in sorted(headers):
+        data = await read_range(io, pool, sb.region_offset(index), sb.region_size)
+        found.append(ScannedRegion(index, seq, scan_entries(memoryview(data), sb.uuid, seq,
+                                                            align)))
     return found
-
-
-def parse_region(data: memoryview, region: ScannedRegion, sb: Superblock) -> None:
-    align = sb.alignment
-    offset = align
-    region.used = align
-    while offset + PREFIX.size <= len(data):
-        prefix = decode_prefix(data, offset, sb.uuid)
-        if prefix is None or prefix.seq != region.seq:
-            if prefix is None and has_entry_magic(data, offset):
-                region.corrupt += 1
-            offset += align
-            continue
-        header_start = offset + PREFIX.size
-        total = align_up_entry(prefix.body_len, align)
-        if offset + total > len(data):
-            region.corrupt += 1
-            offset += align
-            continue
-        region.used = offset + total
-        try:
-            header, header_len = decode_header(data[header_start : header_start + prefix.body_len])
-            payload_start = header_start + header_len
-            if header_len + header.payload_length != prefix.body_len:
-                raise CorruptObjectError("entry body length disagrees with its header")
-            verify_payload(header, data[payload_start : payload_start + header.payload_length])
-        except CorruptObjectError:
-            region.corrupt += 1
-        else:
-            region.entries.append(ScannedEntry(header.key, offset, total, header.meta,
-                                               bool(prefix.flags & TOMBSTONE)))
-        offset += total
-
-
-def align_up_entry(body_len: int, align: int) -> int:
-    return entry_size(0, body_len, align)

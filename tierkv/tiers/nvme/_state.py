@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Sequence
 
 from tierkv.config import NvmeTierConfig
 from tierkv.errors import DeviceError
@@ -29,23 +30,31 @@ log = logging.getLogger("tierkv.tiers.nvme.tier")
 #: sealed regions written in the background at once; a rotation waits for a slot
 SEALS_IN_FLIGHT = 2
 
+#: what the state reports dropped keys to (the tier's `Tier._dropped`)
+DropReport = Callable[[Sequence[bytes]], None]
+
 
 class LogState:
     """Everything the NVMe tier's layers share: device handles, regions, index, head, counters.
 
     Owned by one `NvmeTier`; its layers hold a reference and read and write the attributes
     directly (no copies). Mutations of the log (appends, rotations, reclaims, flushes) happen
-    under `lock`; reads of entries do not take it. `changed` is set whenever a region's write,
-    header write or readers change, for the waits of reclaim and `settle_superseded`.
-    `device`, `io` and `sb` are ``None`` until open (and after close).
+    under `lock`; reads of entries do not take it. `changed` is set whenever a sealing task
+    ends (a seal slot frees: `sealing` holds fewer than `SEALS_IN_FLIGHT`), a region's header
+    write ends or its readers drop to zero, for the waits of rotation, reclaim and
+    `settle_superseded` (`wait_changed`). `sealing` holds the seal tasks in flight, each until
+    it is done (`_tasks.spawn`): the slot count is the tasks' own state, so no slot can be
+    taken by a waiter that was cancelled, or given back by anyone else. `device`, `io` and `sb`
+    are ``None`` until open (and after close).
     """
 
     __slots__ = ("changed", "config", "counters", "device", "head", "index", "io", "live",
-                 "lock", "lost", "name", "next_seq", "pool", "recovered_from", "region_count",
-                 "regions", "reuse_failed", "sb", "seal_slots", "sealing", "superseded", "tick",
-                 "write_error")
+                 "lock", "lost", "name", "next_seq", "on_drop", "pool", "recovered_from",
+                 "region_count", "regions", "reuse_failed", "sb", "sealing", "superseded",
+                 "tick", "write_error")
 
-    def __init__(self, name: str, config: NvmeTierConfig, region_count: int) -> None:
+    def __init__(self, name: str, config: NvmeTierConfig, region_count: int,
+                 on_drop: DropReport) -> None:
         self.name = name
         self.config = config
         self.region_count = region_count
@@ -59,10 +68,11 @@ class LogState:
         self.next_seq = 1
         self.tick = 0
         self.lock = asyncio.Lock()
-        self.seal_slots = asyncio.Semaphore(SEALS_IN_FLIGHT)
         self.sealing: set[asyncio.Task[None]] = set()
         self.changed = asyncio.Event()
-        #: keys dropped outside a `put` (failed writes, reclaims inside `delete`), for the next
+        #: told of every key the log drops on its own, in the step that drops it (`drop`)
+        self.on_drop = on_drop
+        #: keys dropped and not yet returned by a `put` (which returns them all, see `drop`)
         self.lost: list[bytes] = []
         self.superseded: list[Superseded] = []
         #: False only for close's last flush: a region whose write failed is then a last resort
@@ -85,6 +95,20 @@ class LogState:
     def dev_io(self) -> tuple[Device, BlockIO, Superblock]:
         assert self.device is not None and self.io is not None and self.sb is not None
         return self.device, self.io, self.sb
+
+    async def wait_changed(self) -> None:
+        """Wait for the next `changed`; the caller then checks its condition again. Holds
+        nothing, so a cancellation here leaves no trace."""
+        self.changed.clear()
+        await self.changed.wait()
+
+    def drop(self, keys: Sequence[bytes]) -> None:
+        """`keys` were just dropped from the index by the log itself (reclaim, failed write):
+        tell the owner now (`on_drop`), and keep them for the next `put` to return, which may be
+        another than the one that dropped them (or none, if that one was cancelled)."""
+        if keys:
+            self.lost.extend(keys)
+            self.on_drop(keys)
 
     # -- index helpers ---------------------------------------------------------------------------
     def reset_index(self) -> None:

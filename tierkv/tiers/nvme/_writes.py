@@ -3,7 +3,8 @@
 Separate from the append log (`_log`) because it is the only code that writes region buffers
 to the device: chunking into device-aligned pieces, background tasks per region, and what a failed
 write drops. `RegionWrites` holds the tier's `LogState` and nothing else. Under the state's lock
-except the background tasks it starts.
+except the background tasks it starts, which nothing cancels: whoever waits for them (`drain`)
+waits without cancelling them (`_tasks.settle`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import itertools
 from tierkv.errors import DeviceError
 from tierkv.tiers.nvme._regions import EARLIER, Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme._tasks import settle, spawn
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 
 #: write-behind piece size, also the device-offset multiple the pieces are cut at
@@ -43,6 +45,8 @@ class RegionWrites:
         st.changed.set()  # `settle_superseded` may wait for either outcome
 
     async def write_sealed(self, region: Region) -> None:
+        """The seal task of `region` (state SEALING); its end frees the seal slot, see
+        `LogState.sealing`."""
         st = self._st
         try:
             await self.drain(region)
@@ -56,27 +60,24 @@ class RegionWrites:
             if region.buffer is not None:
                 st.pool.release(region.buffer)
                 region.buffer = None
-            st.seal_slots.release()
-            st.changed.set()
 
     def drop_failed(self, region: Region, exc: DeviceError) -> None:
         """`region`'s write failed: drop its entries, queue tombstones for what it superseded.
 
-        Its entries' keys are returned by the next `put`. What it superseded (its tombstones and
-        overwrites, and its own entries, part of which may have reached the media) would come
-        back from older records at a scan, so those keys are queued (`Superseded`) to be
-        tombstoned again in the head by the next operation under the lock; keys stored again
-        meanwhile make their new region wait for the older ones at once. Regions shadowing
-        `region` keep waiting until its next header is written: what of this use reached the
-        media stays valid for a scan until then. The region becomes FREE; the caller releases
-        its buffer.
+        Its entries' keys are reported dropped at once (`LogState.drop`) and returned by the
+        next `put`. What it superseded (its tombstones and overwrites, and its own entries, part
+        of which may have reached the media) would come back from older records at a scan, so
+        those keys are queued (`Superseded`) to be tombstoned again in the head by the next
+        operation under the lock; keys stored again meanwhile make their new region wait for
+        the older ones at once. Regions shadowing `region` keep waiting until its next header
+        is written: what of this use reached the media stays valid for a scan until then. The
+        region becomes FREE; the caller releases its buffer.
         """
         st = self._st
         st.write_error = exc
         lost = st.index.keys_in_region(region.index)
         for key in lost:
             st.forget(key)
-        st.lost.extend(lost)
         keys = frozenset(region.supersedes.union(lost))
         if keys:
             # a shadowed region reused since this one opened (a newer seq) is named by EARLIER:
@@ -92,17 +93,18 @@ class RegionWrites:
                     st.inherit(st.regions[loc.region], item.regions)
         region.shadows, region.supersedes = set(), set()
         region.state = RegionState.FREE
+        st.drop(lost)  # last: the owner is told in a consistent state
 
     def retire_head(self, head: Region, exc: DeviceError) -> None:
         """The head's write failed at a flush (its writes are all done): drop it like a sealed
         region whose write failed, so that a later flush can succeed in a fresh head."""
         st = self._st
         log.error("%s: writing head region %d failed: %s", st.name, head.index, exc)
+        st.head = None
         self.drop_failed(head, exc)
         if head.buffer is not None:
             st.pool.release(head.buffer)
             head.buffer = None
-        st.head = None
         st.changed.set()
 
     async def write_buffer(self, region: Region, start: int, end: int, *,
@@ -118,8 +120,13 @@ class RegionWrites:
         if len(cuts) == 2:
             await io.write(buffer, base + start, end - start, start, urgent=urgent)
         else:
-            await asyncio.gather(*(io.write(buffer, base + a, b - a, a)
-                                   for a, b in itertools.pairwise(cuts)))
+            # every piece ends before a failure is raised: the buffer is released after it
+            results = await asyncio.gather(*(io.write(buffer, base + a, b - a, a)
+                                             for a, b in itertools.pairwise(cuts)),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         st.counters["bytes_written"] += end - start
 
     def write_behind(self, region: Region, *, whole_chunks: bool = False) -> None:
@@ -134,10 +141,8 @@ class RegionWrites:
             end = (base + end) // WRITE_CHUNK * WRITE_CHUNK - base
         if end <= start:
             return
-        region.durable = end
-        task = asyncio.create_task(self._write_range(region, start, end))
-        region.writes.add(task)
-        task.add_done_callback(region.writes.discard)
+        region.durable = end  # issued: the task below writes it whatever happens to its caller
+        spawn(self._write_range(region, start, end), region.writes)
 
     async def _write_range(self, region: Region, start: int, end: int) -> None:
         try:
@@ -147,10 +152,12 @@ class RegionWrites:
                 region.failed = exc  # surfaces at the region's seal or the next flush
 
     async def drain(self, region: Region) -> None:
-        """Issue what is left of `region`'s buffer, wait for all its writes; raise a failure."""
+        """Issue what is left of `region`'s buffer, wait for all its writes; raise a failure.
+
+        Cancelled, it leaves the writes going (`region.durable` counts them issued).
+        """
         self.write_behind(region)
-        while region.writes:
-            await asyncio.gather(*list(region.writes))
+        await settle(region.writes)
         if region.failed is not None:
             raise region.failed
 

@@ -16,9 +16,16 @@ Space: `capacity` is the region area (region count times region size). When no r
 puts reclaim a whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read
 (``"lru"``) — that no read is using: its entries that were read at least `reinsert_hits` times
 since they were written are copied into the head, the rest are dropped and their keys returned
-by that `put` (keys dropped by a reclaim inside `delete` are returned by the next `put`). An
-entry must fit in one region (`can_ever_hold`); `fits` is therefore true for anything
+by that `put` (keys dropped by a reclaim inside `delete`, or inside a `put` that was cancelled,
+are returned by the next `put`). Every key the tier drops on its own (reclaim, a failed region
+write, an entry failing its checksum at `get`) is reported to the drop listener
+(`Tier.set_drop_listener`) on the loop, in the step that drops it, before anything else runs;
+that includes the previous entry of the key a `put` is storing, which the put's return leaves
+out. An entry must fit in one region (`can_ever_hold`); `fits` is therefore true for anything
 `can_ever_hold` accepts.
+
+Format (`_recovery`): a usable log is always recovered and new media always formatted; other
+media is overwritten with ``format = true`` and refused (`DeviceError`) with ``false``.
 
 Recovery: a clean `close()` writes an index checkpoint (msgpack, checksummed) into free regions
 and records it in the superblock; `open` loads it when valid and at once clears it from the
@@ -50,11 +57,17 @@ a free region, so the oldest sealed region waiting only for it cannot stall puts
 When free regions cannot hold the checkpoint at close (or writing it fails), none is recorded
 and the next open scans.
 
-Concurrency: every coroutine may run concurrently on one event loop; appends, deletes and
-reclaims are serialised by one `asyncio.Lock`, reads are not. Errors: `DeviceError` (with
-`errno`) when the device fails an operation; a failed background region write drops that region's
-entries (their keys are returned by the next `put`) and `flush()` raises it; so does a failed
-write of the head at `flush()`, which drops the head (see Recovery).
+Concurrency: every coroutine may run concurrently on one event loop; appends, deletes, reclaims,
+flushes and close's flush and checkpoint are serialised by one `asyncio.Lock`, reads are not.
+Cancellation: any await may be cancelled and leaves the log consistent (`_log`): a cancelled
+put or delete leaves its key as it was or as it would have left it, every other key untouched;
+a cancelled flush leaves its writes going and its error for the next flush; background writes
+never stop because a waiter was cancelled (`_tasks`); a cancelled close skips the checkpoint
+(the next open scans) but still releases everything.
+Errors: `DeviceError` (with `errno`) when the device fails an operation; a failed background
+region write drops that region's entries (reported at once, and their keys returned by the next
+`put`) and `flush()` raises it; so does a failed write of the head at `flush()`, which drops the
+head (see Recovery).
 
 Code: `NvmeTier` keeps the public surface, open/close and the data path, and inherits only `Tier`.
 One `LogState` (`_state`) owns the log's state (device, IO backend, buffer pool, superblock,
@@ -68,7 +81,6 @@ recovery) holds it and the checkpoints. The tier holds all of them and delegates
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
@@ -93,6 +105,7 @@ from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import Region, RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
+from tierkv.tiers.nvme._tasks import finish, settle
 from tierkv.tiers.nvme._writes import RegionWrites
 
 #: bytes reserved for the object header when sizing an object before its header exists
@@ -117,7 +130,7 @@ class NvmeTier(Tier):
             raise ConfigError(
                 f"{config.name}.capacity: {config.path} needs room for the superblock and a region"
             )
-        self._st = LogState(config.name, config, region_count)
+        self._st = LogState(config.name, config, region_count, self._dropped)
         self._writes = RegionWrites(self._st)
         self._log = RegionLog(self._st, self._writes)
         self._checkpoint = CheckpointIO(self._st, self._writes)
@@ -159,7 +172,7 @@ class NvmeTier(Tier):
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
             st.pool.warm(self.config.region_size, 1 + SEALS_IN_FLIGHT)
         except BaseException:
-            await self._release()
+            await finish(self._release())
             if device.created:
                 with contextlib.suppress(OSError):
                     os.unlink(device.path)
@@ -176,16 +189,20 @@ class NvmeTier(Tier):
         return recovered
 
     async def _close(self) -> None:
+        """Flush and checkpoint under the lock (operations waiting for it then find the tier
+        closed), then release. Cancelled, it skips what is left of the flush and checkpoint
+        (the next open scans) but still releases everything, once background writes are done."""
         try:
-            if await self._flush_at_close():
-                try:
-                    await self._checkpoint.write()
-                except DeviceError as exc:
-                    # the superblock still names no checkpoint: the next open scans
-                    self._st.counters["checkpoint_skipped"] += 1
-                    log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
+            async with self._st.lock:
+                if await self._flush_at_close():
+                    try:
+                        await self._checkpoint.write()
+                    except DeviceError as exc:
+                        # the superblock still names no checkpoint: the next open scans
+                        self._st.counters["checkpoint_skipped"] += 1
+                        log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
         finally:
-            await self._release()
+            await finish(self._release())
 
     async def _flush_at_close(self) -> bool:
         """Flush; after a failure once more. True when a flush succeeded.
@@ -196,13 +213,13 @@ class NvmeTier(Tier):
         rather than reuse a region whose write failed.
         """
         try:
-            await self._flush()
+            await self._flush_locked()
             return True
         except DeviceError as exc:
             log.error("%s: flush at close failed (%s); flushing once more", self.name, exc)
         self._st.reuse_failed = False
         try:
-            await self._flush()
+            await self._flush_locked()
         except DeviceError as exc:
             log.error("%s: flush at close failed again (%s); no checkpoint written, and a scan "
                       "may bring back entries the failed writes superseded", self.name, exc)
@@ -210,12 +227,11 @@ class NvmeTier(Tier):
         return True
 
     async def _release(self) -> None:
+        """Wait for the background writes (they use the buffers and the device), then release."""
         st = self._st
-        if st.sealing:
-            await asyncio.gather(*st.sealing, return_exceptions=True)
+        await settle(st.sealing)
         for region in st.regions:  # a head whose flush failed may still have writes out
-            if region.writes:
-                await asyncio.gather(*list(region.writes), return_exceptions=True)
+            await settle(region.writes)
         for region in st.regions:
             if region.buffer is not None:
                 st.pool.release(region.buffer)
@@ -242,12 +258,11 @@ class NvmeTier(Tier):
         if size > self._max_entry():
             raise TierFullError(f"{self.name}: an entry of {size} bytes does not fit a region")
         async with st.lock:
+            self._check_open()  # a close may have run while this put waited for the lock
             if st.superseded:
                 await self._log.settle_superseded()
-            dropped = await self._log.append(key, meta, header, payload=view, flags=0, size=size)
-            if st.lost:
-                dropped.extend(st.lost)
-                st.lost.clear()
+            await self._log.append(key, meta, header, payload=view, flags=0, size=size)
+            dropped, st.lost = st.lost, []
         # a reclaim may have dropped this key's previous entry; the key itself is stored
         return [k for k in dropped if k != key]
 
@@ -266,6 +281,7 @@ class NvmeTier(Tier):
             current = st.index.get(key)
             if current is not None and (current.region, current.offset) == (loc.region, loc.offset):
                 st.forget(key)
+                self._dropped([key])  # the tier let go of it on its own
             if entry is not None:
                 st.counters["checksum_failures"] += 1
             return None
@@ -276,6 +292,7 @@ class NvmeTier(Tier):
         self._check_open()
         st = self._st
         async with st.lock:
+            self._check_open()
             if st.superseded:
                 await self._log.settle_superseded()
             meta = st.index.meta(key)
@@ -284,11 +301,12 @@ class NvmeTier(Tier):
             tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, meta.generation)
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
             size = entry_size(len(header), 0, st.align)
+            await self._log.make_room(size)
+            # no await from here: the key leaves the index in the step its tombstone is placed
+            # (a reclaim in `make_room` may have dropped it already; the tombstone still goes)
             old = st.forget(key)
-            assert old is not None
-            shadowed = (old, st.regions[old.region].seq)
-            st.lost.extend(await self._log.append(key, tomb, header, payload=b"",
-                                                  flags=TOMBSTONE, size=size, shadowed=shadowed))
+            self._log.place(key, tomb, header, payload=b"", flags=TOMBSTONE, size=size,
+                            shadowed=old)
         return True
 
     async def contains(self, key: bytes) -> bool:
@@ -300,26 +318,27 @@ class NvmeTier(Tier):
 
     async def flush(self) -> None:
         self._check_open()
-        await self._flush()
+        async with self._st.lock:
+            self._check_open()
+            await self._flush_locked()
 
-    async def _flush(self) -> None:
+    async def _flush_locked(self) -> None:
+        """Flush under the lock. Cancelled, it leaves every background write going and any
+        failure seen so far (`write_error`) for the next flush to raise."""
         st = self._st
-        async with st.lock:
-            if st.sealing:
-                await asyncio.gather(*st.sealing, return_exceptions=True)
-            if st.superseded:  # one pass: failures of the regions it writes wait for the next
-                await self._log.settle_superseded()
-                if st.sealing:
-                    await asyncio.gather(*st.sealing, return_exceptions=True)
-            _d, io, _sb = st.dev_io()
-            head = st.head
-            if head is not None:
-                try:
-                    await self._writes.drain(head)
-                except DeviceError as exc:
-                    self._writes.retire_head(head, exc)  # sets `write_error`
-            await io.sync()
-            error, st.write_error = st.write_error, None
+        await settle(st.sealing)
+        if st.superseded:  # one pass: failures of the regions it writes wait for the next
+            await self._log.settle_superseded()
+            await settle(st.sealing)
+        _d, io, _sb = st.dev_io()
+        head = st.head
+        if head is not None:
+            try:
+                await self._writes.drain(head)
+            except DeviceError as exc:
+                self._writes.retire_head(head, exc)  # sets `write_error`
+        await io.sync()
+        error, st.write_error = st.write_error, None
         if error is not None:
             raise error
 

@@ -4,7 +4,9 @@ Offsets, lengths and buffer addresses handed to a backend are multiples of the t
 (the caller guarantees it; O_DIRECT refuses anything else with EINVAL). A call returns only when
 the whole range was transferred: short transfers are continued, a transfer that cannot progress
 (end of device) or a negative result becomes `DeviceError` carrying the errno. The buffer must
-stay alive until the call returns, which the caller's reference guarantees. At most
+stay alive until the call returns, which the caller's reference guarantees; a cancelled call
+returns (raising `CancelledError`) only once the kernel or worker stopped using the buffer, so
+the caller may reuse it at once. At most
 `queue_depth` operations are in flight per backend (plus any ``urgent`` writes); further calls wait
 for a free slot.
 """
@@ -14,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tierkv.errors import DeviceError
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
+
+T = TypeVar("T")
 
 
 class BlockIO(Protocol):
@@ -53,6 +57,22 @@ def device_error(op: str, path: str, code: int, offset: int) -> DeviceError:
 
 def end_of_device(op: str, path: str, offset: int) -> DeviceError:
     return device_error(op, path, errno.EIO, offset)
+
+
+async def outlive_cancel(future: asyncio.Future[T]) -> T:
+    """The result of `future` (a transfer using a buffer), waited for to its end even when the
+    caller is cancelled meanwhile; the cancellation is raised after it."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait({future})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    return future.result()
 
 
 async def fdatasync(fd: int, path: str) -> None:

@@ -2,7 +2,9 @@
 
 Each call runs one blocking syscall loop on a `ThreadPoolExecutor` of `min(queue_depth, 16)`
 workers; an `asyncio.Semaphore` bounds operations in flight to `queue_depth`. The buffer view is
-taken on the loop thread and released when the call returns.
+taken on the loop thread and released when the call returns. A worker cannot be interrupted, so
+a cancelled call waits for its worker before it raises (`outlive_cancel`): returning earlier
+handed the buffer back to its pool while the worker still read into it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
-from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync
+from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync, outlive_cancel
 
 _MAX_WORKERS = 16
 
@@ -55,21 +57,25 @@ class ThreadIO:
                 raise end_of_device(op, self._path, offset + done)
             done += moved
 
+    async def _run(self, call: Callable[[memoryview, int], None], view: memoryview,
+                   offset: int) -> None:
+        loop = asyncio.get_running_loop()
+        await outlive_cancel(loop.run_in_executor(self._pool, call, view, offset))
+
     async def read(self, buf: AlignedBuffer, offset: int, length: int) -> None:
-        # No `with view`: a cancelled caller must not release a view a worker still uses.
+        # No `with view`: the view must outlive any use by the worker.
         view = buf.view[:length]
         async with self._slots:
-            await asyncio.get_running_loop().run_in_executor(self._pool, self._read, view, offset)
+            await self._run(self._read, view, offset)
 
     async def write(self, buf: AlignedBuffer, offset: int, length: int, start: int = 0, *,
                     urgent: bool = False) -> None:
         view = buf.view[start : start + length]
-        loop = asyncio.get_running_loop()
         if urgent:  # still behind what the workers already hold, but not behind the semaphore
-            await loop.run_in_executor(self._pool, self._write, view, offset)
+            await self._run(self._write, view, offset)
             return
         async with self._slots:
-            await loop.run_in_executor(self._pool, self._write, view, offset)
+            await self._run(self._write, view, offset)
 
     async def sync(self) -> None:
         await fdatasync(self._fd, self._path)
