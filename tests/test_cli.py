@@ -1,7 +1,8 @@
-"""The `tierkv` command line: info, bench, and one-line errors with exit code 2."""
+"""The `tierkv` command line: info, bench, format, and one-line errors with exit code 2."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from tierkv.cli import main
+from tierkv.config import Config, TierConfig, load_config
+from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers.registry import make_tier
 
 GPU_ONLY = """
 [[tiers]]
@@ -78,3 +82,121 @@ def test_info_names_the_pmem_copy_path(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "copies: native (pmem_copy" in out  # scripts/setup builds the library
     assert not (tmp_path / "l2.pool").exists()  # info creates nothing
+
+
+# -- format --------------------------------------------------------------------------------------
+PERSISTENT = GPU_ONLY + """
+[[tiers]]
+name = "l2"
+kind = "pmem"
+capacity = "8MiB"
+path = "{dir}/l2.pool"
+
+[[tiers]]
+name = "l3"
+kind = "nvme"
+capacity = "5MiB"
+region_size = "1MiB"
+direct = false
+backend = "threads"
+path = "{dir}/l3.log"
+"""
+KEY = b"\x02cli-kept"
+
+
+def persistent_config(tmp_path: Path) -> tuple[Path, Config]:
+    path = tmp_path / "devices.toml"
+    path.write_text(PERSISTENT.format(dir=tmp_path))
+    return path, load_config(path)
+
+
+def tier_named(config: Config, name: str) -> TierConfig:
+    return next(tier for tier in config.tiers if tier.name == name)
+
+
+async def fill(config: Config) -> None:
+    """One object in each persistent tier (`KEY`), closed again."""
+    for name in ("l2", "l3"):
+        tier = make_tier(tier_named(config, name))
+        await tier.open()
+        try:
+            await tier.put(KEY, ObjectMeta(ValueKind.BYTES, "", (), 4, 1), b"kept")
+        finally:
+            await tier.close()
+
+
+async def held_keys(config: Config, name: str) -> list[bytes]:
+    """What the tier finds at open (with the config's own `format = false`)."""
+    tier = make_tier(tier_named(config, name))
+    recovered = await tier.open()
+    try:
+        assert sorted(tier.keys()) == sorted(r.key for r in recovered)
+        return [r.key for r in recovered]
+    finally:
+        await tier.close()
+
+
+def digests(tmp_path: Path) -> dict[str, str]:
+    return {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest()
+            for name in ("l2.pool", "l3.log")}
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], code: int) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.pmem
+async def test_format_without_yes_names_the_tiers_and_changes_nothing(tmp_path: Path) -> None:
+    path, config = persistent_config(tmp_path)
+    await fill(config)
+    before = digests(tmp_path)
+    result = run_cli("format", "--config", str(path))
+    assert_one_line(result, 2)
+    assert "l2" in result.stderr and "l3" in result.stderr and "l1" not in result.stderr
+    assert digests(tmp_path) == before
+
+
+@pytest.mark.pmem
+async def test_format_yes_wipes_every_persistent_tier(tmp_path: Path) -> None:
+    path, config = persistent_config(tmp_path)
+    await fill(config)
+    result = run_cli("format", "--config", str(path), "--yes")
+    assert result.returncode == 0, result.stderr
+    assert await held_keys(config, "l2") == []
+    assert await held_keys(config, "l3") == []
+
+
+@pytest.mark.pmem
+async def test_format_tier_picks_one(tmp_path: Path) -> None:
+    path, config = persistent_config(tmp_path)
+    await fill(config)
+    result = run_cli("format", "--config", str(path), "--tier", "l3", "--yes")
+    assert result.returncode == 0, result.stderr
+    assert await held_keys(config, "l3") == []
+    assert await held_keys(config, "l2") == [KEY]
+
+
+@pytest.mark.parametrize("name", ["nope", "l1"], ids=["unknown", "volatile"])
+def test_format_of_a_tier_it_cannot_wipe_is_a_config_error(tmp_path: Path, name: str) -> None:
+    path, _config = persistent_config(tmp_path)
+    result = run_cli("format", "--config", str(path), "--tier", name, "--yes")
+    assert_one_line(result, 2)
+    assert not (tmp_path / "l2.pool").exists() and not (tmp_path / "l3.log").exists()
+
+
+@pytest.mark.pmem
+async def test_format_refuses_a_pool_held_open(tmp_path: Path) -> None:
+    """PMDK's flock on an open pool: the wipe is a device error (exit 1) and the pool is kept."""
+    path, config = persistent_config(tmp_path)
+    await fill(config)
+    holder = make_tier(tier_named(config, "l2"))
+    await holder.open()
+    try:
+        result = run_cli("format", "--config", str(path), "--tier", "l2", "--yes")
+        assert_one_line(result, 1)
+        assert await holder.contains(KEY)
+    finally:
+        await holder.close()
+    assert await held_keys(config, "l2") == [KEY]

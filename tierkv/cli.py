@@ -1,7 +1,8 @@
-"""The `tierkv` command: `info` (what each configured tier found) and `bench` (measurements).
+"""The `tierkv` command: `info` (what each configured tier found), `bench` (measurements) and
+`format` (the deliberate wipe of persistent media).
 
-Errors a user can cause (a bad config, a missing device) print one line and exit 2; a device
-failure exits 1; neither prints a traceback.
+Errors a user can cause (a bad config, a missing device, a wipe not confirmed) print one line and
+exit 2; a device failure exits 1; neither prints a traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tierkv.bench.common import Row
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig, load_config
 from tierkv.config.default import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
+from tierkv.tiers import registry
 
 console = Console()
 if not console.is_terminal:
@@ -77,6 +79,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="bytes stored per trace block (default 64KiB)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=_bench)
+
+    wipe = commands.add_parser(
+        "format", help="wipe the media of persistent tiers so that they open empty")
+    wipe.add_argument("--config", type=Path, required=True, help="TOML device config")
+    wipe.add_argument("--tier", metavar="NAME",
+                      help="wipe only this tier (default: every persistent tier of the config)")
+    wipe.add_argument("--yes", action="store_true",
+                      help="really wipe; without it nothing is touched")
+    wipe.set_defaults(func=_format)
     return parser
 
 
@@ -131,6 +142,38 @@ def _probe(tier: GpuTierConfig | PmemTierConfig | NvmeTierConfig) -> dict[str, s
     from tierkv.tiers import nvme
 
     return nvme.probe(tier)
+
+
+# -- format --------------------------------------------------------------------------------------
+def _format(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    targets = _wipe_targets(config, args.tier)
+    if not args.yes:
+        listed = ", ".join(f"{tier.name} ({tier.kind.value}, {tier.path})" for tier in targets)
+        print(f"tierkv: format would wipe {listed}: everything they hold is lost; "
+              "add --yes to wipe", file=sys.stderr)
+        return 2
+    for tier in targets:
+        wiped = registry.wipe(tier)
+        console.print(f"{tier.name} ({tier.kind.value}): {wiped}", markup=False, highlight=False,
+                      soft_wrap=True)
+    return 0
+
+
+def _wipe_targets(config: Config, name: str | None) -> list[PmemTierConfig | NvmeTierConfig]:
+    """The tier named `name`, or every persistent tier; `ConfigError` when there is none."""
+    if name is None:
+        targets = [tier for tier in config.tiers if registry.persistent(tier)]
+        if not targets:
+            raise ConfigError("no persistent tier in the config: nothing to wipe")
+        return targets
+    named = [tier for tier in config.tiers if tier.name == name]
+    if not named:
+        known = ", ".join(tier.name for tier in config.tiers)
+        raise ConfigError(f"--tier {name}: no such tier (the config has {known})")
+    if not registry.persistent(chosen := named[0]):
+        raise ConfigError(f"--tier {name}: a {chosen.kind.value} tier keeps nothing on media")
+    return [chosen]
 
 
 # -- bench ---------------------------------------------------------------------------------------

@@ -68,9 +68,9 @@ async def test_non_pool_file_refused(tmp_path: Path) -> None:
     await assert_refused_untouched(path)
 
 
-async def test_empty_file_refused(tmp_path: Path) -> None:
-    path = tmp_path / "empty.pool"
-    path.touch()
+async def test_zero_filled_file_refused(tmp_path: Path) -> None:
+    path = tmp_path / "zeroed.pool"  # an empty file is new media (test_pmem_format.py)
+    path.write_bytes(bytes(1 << 20))
     await assert_refused_untouched(path)
 
 

@@ -15,12 +15,10 @@ import xxhash
 
 from tierkv.config import PmemTierConfig
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.header import encode_header_parts
+from tierkv.formats.header import PREFIX, WIDEST_CHECKSUM, encode_header_parts
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.pmem import _pmemobj as pm
 from tierkv.tiers.pmem._native import (
-    HEADER_FIXED,
-    WIDEST_CHECKSUM,
     NativeCopies,
     NativePut,
     abi_mismatch,
@@ -42,12 +40,14 @@ def meta_of(size: int) -> ObjectMeta:
     return ObjectMeta(ValueKind.BYTES, "", (), size, 3, (b"\x02parent",))
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("size", [0, 1, 63, 240, 4096, 16 << 10, (1 << 20) + 7])
 def test_xxh3_agrees_with_python(native: NativeCopies, size: int) -> None:
     data = np.frombuffer(bytearray(os.urandom(size)) or bytearray(1), dtype=np.uint8)[:size]
     assert native.xxh3_64(int(data.ctypes.data), size) == xxhash.xxh3_64_intdigest(data.data)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("size", [100, 256 << 10, (1 << 20) + 3, 3 << 20])
 def test_copy_verified_copies_and_checks(native: NativeCopies, size: int) -> None:
     """Below and above the streaming-store threshold, with a ragged tail."""
@@ -60,6 +60,7 @@ def test_copy_verified_copies_and_checks(native: NativeCopies, size: int) -> Non
                                     digest ^ 1)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("checksum", [0, 5, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32,
                                       2**64 - 1])
 def test_header_matches_python_for_every_checksum_width(native: NativeCopies, tmp_path: Path,
@@ -71,7 +72,7 @@ def test_header_matches_python_for_every_checksum_width(native: NativeCopies, tm
     meta = meta_of(len(payload))
     parts = encode_header_parts(b"\x02key", meta)
     prefix = layout.encode_prefix(9)
-    scratch = np.zeros(len(prefix) + HEADER_FIXED + len(parts.head) + WIDEST_CHECKSUM
+    scratch = np.zeros(len(prefix) + PREFIX.size + len(parts.head) + WIDEST_CHECKSUM
                        + len(parts.tail) + len(payload), dtype=np.uint8)
     widest = scratch.nbytes - len(payload)
     scratch[widest:] = np.frombuffer(payload, dtype=np.uint8)
@@ -87,6 +88,7 @@ def test_header_matches_python_for_every_checksum_width(native: NativeCopies, tm
     assert len(msgpack.packb(checksum)) == WIDEST_CHECKSUM - (widest - offset)
 
 
+@pytest.mark.native
 @pytest.mark.parametrize("size", [100, 96 << 10, (1 << 20) + 5])
 async def test_native_record_is_the_python_record(tmp_path: Path, size: int) -> None:
     """The same put into two fresh pools, through the native and the Python copy path (inline
@@ -115,16 +117,17 @@ async def test_native_record_is_the_python_record(tmp_path: Path, size: int) -> 
     assert records[0] == records[1]
 
 
-async def test_stats_and_info_name_the_copy_path(tmp_path: Path) -> None:
-    for native, expected in ((True, "native"), (False, "python")):
-        tier = PmemTier(PmemTierConfig("pmem", 16 << 20, tmp_path / f"{native}.pool"),
-                        native=native)
-        await tier.open()
-        try:
-            assert tier.stats()["copy_path"].startswith(expected)
-            assert tier.describe()["copies"].startswith(expected)
-        finally:
-            await tier.close()
+@pytest.mark.parametrize("native", [pytest.param(True, marks=pytest.mark.native), False],
+                         ids=["native", "python"])
+async def test_stats_and_info_name_the_copy_path(tmp_path: Path, native: bool) -> None:
+    expected = "native" if native else "python"
+    tier = PmemTier(PmemTierConfig("pmem", 16 << 20, tmp_path / "tier.pool"), native=native)
+    await tier.open()
+    try:
+        assert tier.stats()["copy_path"].startswith(expected)
+        assert tier.describe()["copies"].startswith(expected)
+    finally:
+        await tier.close()
 
 
 NATIVE_SOURCES = [Path(__file__).parents[2] / "tierkv" / "_native" / name
@@ -140,6 +143,7 @@ def _build(tmp_path: Path, *flags: str, sources: list[Path] = NATIVE_SOURCES) ->
     return ctypes.CDLL(str(out))
 
 
+@pytest.mark.native
 def test_built_library_matches_the_bindings(native: NativeCopies) -> None:
     assert abi_mismatch(ctypes.CDLL(str(native.path))) == ""
 

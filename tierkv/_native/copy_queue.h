@@ -9,7 +9,7 @@
 /* Bumped with any change of the structures or functions below; the loader refuses a library of
  * another version (a stale build), as it refuses one whose structure sizes differ. */
 #ifndef TKV_ABI_VERSION /* a test builds a stale-looking library by defining it */
-#define TKV_ABI_VERSION 1
+#define TKV_ABI_VERSION 2
 #endif
 
 typedef struct { uint64_t pool_uuid_lo; uint64_t off; } tkv_oid;
@@ -33,7 +33,7 @@ struct tkv_put {
     uint64_t flags;
     const uint8_t *prefix;      /* the record prefix, written as is */
     size_t prefix_len;
-    const uint8_t *magic;       /* the header prefix's first 8 bytes: magic, version, reserved */
+    const uint8_t *magic;       /* the header prefix's lead: magic, version, reserved */
     const uint8_t *body_head;   /* msgpack body before the payload checksum field */
     size_t body_head_len;
     const uint8_t *body_tail;   /* msgpack body after it */
@@ -70,6 +70,9 @@ struct tkv_queue;
 
 int tkv_abi_version(void);
 size_t tkv_sizeof(int which); /* 0: tkv_pmem_api, 1: tkv_put, 2: tkv_job */
+/* the object-header facts the put mirrors: 0: prefix size, 1: lead size, 2: offset of the body
+ * length, 3: offset of the body checksum, 4: widest msgpack uint; UINT64_MAX past the end */
+uint64_t tkv_layout(int which);
 
 int tkv_pmem_put(struct tkv_put *p, tkv_oid *oid);
 size_t tkv_write_header(const struct tkv_put *p, uint8_t *base, uint64_t payload_sum);

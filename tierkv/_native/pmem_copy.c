@@ -25,9 +25,25 @@
 #define TKV_STREAM_MIN ((size_t)2 << 20)
 /* libpmem's PMEM_F_MEM_NODRAIN | PMEM_F_MEM_NONTEMPORAL */
 #define TKV_STREAM_FLAGS 3u
-/* the header prefix: magic, version u16, reserved u16 (8 bytes), body length u32, body xxh3 u64 */
+/* The object header's prefix (tierkv/formats/header.py): the lead (magic, version u16, reserved
+ * u16; copied as is), body length u32, body xxh3 u64; and msgpack's widest unsigned integer.
+ * Mirrors of formats/header.py: the loader compares them with it (tkv_layout) and refuses a
+ * library that disagrees. Overridable only so that a test can build one that does. */
+#ifndef TKV_HEADER_PREFIX
 #define TKV_HEADER_PREFIX 20
+#endif
+#ifndef TKV_HEADER_LEAD
+#define TKV_HEADER_LEAD 8
+#endif
+#ifndef TKV_BODY_LENGTH_AT
+#define TKV_BODY_LENGTH_AT 8
+#endif
+#ifndef TKV_BODY_CHECKSUM_AT
+#define TKV_BODY_CHECKSUM_AT 12
+#endif
+#ifndef TKV_WIDEST_UINT
 #define TKV_WIDEST_UINT 9
+#endif
 
 /* msgpack's shortest encoding of an unsigned integer, as msgpack-python writes it */
 static size_t pack_uint(uint8_t *out, uint64_t v)
@@ -68,9 +84,9 @@ size_t tkv_write_header(const struct tkv_put *p, uint8_t *base, uint64_t payload
     memcpy(base + body_start, p->body_head, p->body_head_len);
     memcpy(base + body_start + p->body_head_len, sum_bytes, sum_len);
     memcpy(base + body_start + p->body_head_len + sum_len, p->body_tail, p->body_tail_len);
-    memcpy(base + header_start, p->magic, 8);
-    put_le(base + header_start + 8, body_len, 4);
-    put_le(base + header_start + 12, XXH3_64bits(base + body_start, body_len), 8);
+    memcpy(base + header_start, p->magic, TKV_HEADER_LEAD);
+    put_le(base + header_start + TKV_BODY_LENGTH_AT, body_len, 4);
+    put_le(base + header_start + TKV_BODY_CHECKSUM_AT, XXH3_64bits(base + body_start, body_len), 8);
     return offset;
 }
 
@@ -176,6 +192,24 @@ uint64_t tkv_xxh3_64(const uint8_t *data, size_t len)
 int tkv_abi_version(void)
 {
     return TKV_ABI_VERSION;
+}
+
+uint64_t tkv_layout(int which)
+{
+    switch (which) {
+    case 0:
+        return TKV_HEADER_PREFIX;
+    case 1:
+        return TKV_HEADER_LEAD;
+    case 2:
+        return TKV_BODY_LENGTH_AT;
+    case 3:
+        return TKV_BODY_CHECKSUM_AT;
+    case 4:
+        return TKV_WIDEST_UINT;
+    default:
+        return UINT64_MAX;
+    }
 }
 
 size_t tkv_sizeof(int which)

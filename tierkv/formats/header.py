@@ -26,6 +26,14 @@ from tierkv.keys import MAX_KEY_SIZE
 MAGIC = b"TKVH"
 FORMAT_VERSION = 1
 PREFIX = struct.Struct("<4sHHIQ")
+#: where the prefix's fields lie, for writers that fill it field by field (the native put, which
+#: checks at load that it agrees: `tierkv.tiers.pmem._native`)
+LEAD_SIZE = struct.calcsize("<4sHH")  # magic, version, reserved
+BODY_LENGTH_OFFSET = LEAD_SIZE
+BODY_CHECKSUM_OFFSET = struct.calcsize("<4sHHI")
+#: msgpack's widest encoding of the payload checksum (0xcf and 8 bytes): a writer that learns
+#: the checksum only after copying the payload places the payload behind a header of this width
+WIDEST_CHECKSUM = len(msgpack.packb(2**64 - 1))
 MAX_BODY = 1 << 20
 MAX_KEY = MAX_KEY_SIZE
 MAX_PARENTS = 4096
@@ -34,8 +42,7 @@ _FIELDS = 9
 _ARRAY_OF_FIELDS = bytes([0x90 | _FIELDS])
 
 
-#: the prefix's first 8 bytes: magic, version, reserved
-_LEAD = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, 0, 0)[:8]
+_LEAD = PREFIX.pack(MAGIC, FORMAT_VERSION, 0, 0, 0)[:LEAD_SIZE]
 
 
 def checksum(data: bytes | bytearray | memoryview) -> int:
@@ -64,14 +71,19 @@ def encode_header(header: ObjectHeader) -> bytes:
 @dataclass(frozen=True, slots=True)
 class HeaderParts:
     """A header cut around its payload checksum, for writers that learn the checksum while they
-    copy the payload (the pmem tier's native put): ``lead`` is the first 8 bytes of the prefix
-    (magic, version, reserved), ``head`` the msgpack body before the checksum field and ``tail``
-    the body after it. msgpack's encoding of an array is its header followed by its elements',
-    so ``head + packb(checksum) + tail`` is exactly the body `encode_header` writes."""
+    copy the payload (the pmem tier's native put): ``lead`` is the prefix's first `LEAD_SIZE`
+    bytes (magic, version, reserved), ``head`` the msgpack body before the checksum field and
+    ``tail`` the body after it. msgpack's encoding of an array is its header followed by its
+    elements', so ``head + packb(checksum) + tail`` is exactly the body `encode_header` writes."""
 
     lead: bytes
     head: bytes
     tail: bytes
+
+    @property
+    def widest_size(self) -> int:
+        """The header's length with the widest checksum encoding (`WIDEST_CHECKSUM`)."""
+        return PREFIX.size + len(self.head) + WIDEST_CHECKSUM + len(self.tail)
 
     def assemble(self, payload_checksum: int) -> bytes:
         body = self.head + msgpack.packb(payload_checksum) + self.tail

@@ -4,7 +4,10 @@
 PMDK* (`inspect_pool`) from its first bytes: PMDK's pool header starts with the signature
 ``PMEMOBJ\\0`` and the layout name sits NUL-terminated at offset 4096 (PMDK 1.12). This check runs
 before PMDK ever sees a file, because ``pmemobj_open`` with a wrong layout name rewrites parts of
-the pool header even though it fails.
+the pool header even though it fails. A file of size 0 is *new* (`PoolFile.EMPTY`: what
+`tierkv format` leaves, created like an absent one); a zero-filled file is not a pool. The first
+`HEADER_AREA` bytes hold both headers: zeroing them is how a device (which cannot be truncated)
+is made new again, and PMDK creates a pool over a device only where they are zero.
 
 **Root object.** ``magic "TKVPROOT" | version u32 | reserved u32 | xxh3-64 of the first 16 bytes``
 (24 bytes). A zeroed root is a pool whose creation was interrupted before the root was written.
@@ -48,6 +51,8 @@ OBJECT_TYPE_NUM = 0x544B5631  # "TKV1"
 POOL_SIGNATURE = b"PMEMOBJ\x00"
 LAYOUT_OFFSET = 4096
 MAX_LAYOUT = 1024
+#: PMDK's pool header and pmemobj's (with the layout name), rounded up to a page
+HEADER_AREA = 8 << 10
 
 ROOT_MAGIC = b"TKVPROOT"
 ROOT = struct.Struct("<8sII")
@@ -72,8 +77,10 @@ class PoolFile(enum.Enum):
     """What `inspect_pool` found at a path."""
 
     ABSENT = "absent"
+    EMPTY = "empty file"
     TIERKV = "tierkv pool"
     OTHER_LAYOUT = "pmemobj pool of another layout"
+    ZEROED = "zero-filled file, no pool header"
     NOT_A_POOL = "not a pmemobj pool"
     DEVICE = "device (recognised by PMDK at open)"
 
@@ -93,8 +100,12 @@ def inspect_pool(path: Path) -> PoolInspection:
         return PoolInspection(PoolFile.ABSENT, 0)
     if not path.is_file():
         return PoolInspection(PoolFile.DEVICE, 0)
+    if st.st_size == 0:
+        return PoolInspection(PoolFile.EMPTY, 0)
     with path.open("rb") as f:
         head = f.read(LAYOUT_OFFSET + MAX_LAYOUT)
+    if not any(head):
+        return PoolInspection(PoolFile.ZEROED, st.st_size)
     if not head.startswith(POOL_SIGNATURE) or len(head) < LAYOUT_OFFSET + MAX_LAYOUT:
         return PoolInspection(PoolFile.NOT_A_POOL, st.st_size)
     layout = head[LAYOUT_OFFSET:].split(b"\x00", 1)[0].decode(errors="replace")

@@ -87,9 +87,10 @@ def probe(config: PmemTierConfig) -> dict[str, str]:
     info["copies"] = (f"native ({native.name})" if native is not None
                       else "python (the native copy library is not built; scripts/setup builds it)")
     found = layout.inspect_pool(config.path)
-    if found.kind is layout.PoolFile.ABSENT:
-        info["pool"] = (f"absent; open creates {layout.pool_size_for(config.capacity)} bytes "
-                        f"for capacity {config.capacity}")
+    if found.kind in (layout.PoolFile.ABSENT, layout.PoolFile.EMPTY):
+        info["pool"] = (f"{found.kind.value}; open creates "
+                        f"{layout.pool_size_for(config.capacity)} bytes for capacity "
+                        f"{config.capacity}")
     else:
         info["pool"] = f"{found.kind.value}" + (f", {found.size} bytes" if found.size else "")
     fstype, options = filesystem_of(config.path)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import tierkv._native
 from tierkv.errors import DeviceError
+from tierkv.formats import header
 from tierkv.formats.header import HeaderParts
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 
@@ -31,7 +32,15 @@ log = logging.getLogger(__name__)
 
 LIBRARY_STEM = "pmem_copy"
 #: `TKV_ABI_VERSION` of tierkv/_native/copy_queue.h that these bindings mirror
-ABI_VERSION = 1
+ABI_VERSION = 2
+#: what ``tkv_layout(i)`` must answer: the object-header facts pmem_copy.c mirrors, in its order
+MIRRORED_LAYOUT = (
+    ("header prefix size", header.PREFIX.size),
+    ("header lead size", header.LEAD_SIZE),
+    ("body length offset", header.BODY_LENGTH_OFFSET),
+    ("body checksum offset", header.BODY_CHECKSUM_OFFSET),
+    ("widest checksum encoding", header.WIDEST_CHECKSUM),
+)
 
 
 class _Api(ctypes.Structure):
@@ -93,12 +102,6 @@ class Job(ctypes.Structure):
     )
 
 
-#: bytes of a record besides prefix, header parts and payload: the header's fixed prefix (20)
-#: and the widest msgpack encoding of the checksum (9), where the C code puts the payload first
-HEADER_FIXED = 20
-WIDEST_CHECKSUM = 9
-
-
 #: what a native put reports: (oid, record address, payload offset, payload checksum)
 Outcome = tuple[pmemobj.Oid, int, int, int]
 
@@ -119,8 +122,8 @@ class NativePut:
             ctypes.addressof(lib.api), pool_handle, type_num, 0, prefix, len(prefix),
             parts.lead, parts.head, len(parts.head), parts.tail, len(parts.tail),
             payload_address, payload_len, 0, 0, 0)
-        self.record_size = (len(prefix) + HEADER_FIXED + len(parts.head) + WIDEST_CHECKSUM
-                            + len(parts.tail) + payload_len)
+        # the C code puts the payload behind the widest header, as the Python path does
+        self.record_size = len(prefix) + parts.widest_size + payload_len
 
     def set_flags(self, flags: int) -> None:
         """``pmemobj_xalloc``'s flags (the allocation class), once `record_size` has chosen it."""
@@ -237,9 +240,10 @@ def load() -> NativeCopies | None:
 
 
 def abi_mismatch(library: ctypes.CDLL) -> str:
-    """Why `library` does not match these bindings ('' when it does): another ABI version, or
-    structures of other sizes. A stale build would otherwise read and write past the structures
-    Python hands it."""
+    """Why `library` does not match these bindings ('' when it does): another ABI version,
+    structures of other sizes, or header layout facts (`MIRRORED_LAYOUT`) that differ from
+    `formats.header`. A stale build would otherwise read and write past the structures Python
+    hands it, or write records that recovery frees as corrupt."""
     try:
         version = library.tkv_abi_version
         sizeof = library.tkv_sizeof
@@ -253,4 +257,12 @@ def abi_mismatch(library: ctypes.CDLL) -> str:
         if sizeof(which) != ctypes.sizeof(structure):
             return (f"struct {structure.__name__} is {sizeof(which)} bytes there and "
                     f"{ctypes.sizeof(structure)} here")
+    try:
+        mirrored = library.tkv_layout
+    except AttributeError:
+        return "it lacks tkv_layout"
+    mirrored.restype, mirrored.argtypes = ctypes.c_uint64, (ctypes.c_int,)
+    for which, (name, value) in enumerate(MIRRORED_LAYOUT):
+        if mirrored(which) != value:
+            return f"its {name} is {mirrored(which)}, formats/header.py says {value}"
     return ""

@@ -34,14 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierkv.errors import DeviceError
+from tierkv.formats import pmem_layout
 
 LIBPMEMOBJ = "libpmemobj.so.1"
 LIBPMEM = "libpmem.so.1"
 #: PMDK 1.12 ships the libpmemobj API 2.4; 2.0 already has every call bound here
 API_MAJOR = 2
 API_MINOR = 0
+#: PMEMOBJ_MAX_LAYOUT (with the terminating NUL): the size of the layout field on media
+MAX_LAYOUT = pmem_layout.MAX_LAYOUT
 MIN_POOL = 8 << 20  # PMEMOBJ_MIN_POOL
-MAX_LAYOUT = 1024  # PMEMOBJ_MAX_LAYOUT, including the terminating NUL
 MAX_ALLOC_SIZE = 0x3FFDFFFC0  # PMEMOBJ_MAX_ALLOC_SIZE
 IN_USE_ERRNOS = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
 #: libpmem's ``PMEM_F_MEM_NODRAIN | PMEM_F_MEM_NONTEMPORAL``: streaming stores, no fence

@@ -1,13 +1,15 @@
 """Opening a pmem tier's libpmemobj pool (creating, recreating or refusing it) and recovering it.
 
 Separate from the tier because it is the open-time half of it: it runs once, on the copy thread,
-before the tier serves anything; it decides what the file at the configured path may become and
-walks the pool to find the live records (`PoolObject`) that the tier then indexes.
+before the tier serves anything; it decides what the media at the configured path may become
+(`open_pool`: the one meaning of ``format``; `wipe`: `tierkv format`) and walks the pool to find
+the live records (`PoolObject`) that the tier then indexes.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import logging
 import os
@@ -19,6 +21,7 @@ from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import verify_payload
 from tierkv.formats.value import ObjectMeta
+from tierkv.tiers._wipe import Wiped, wipe_media
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 from tierkv.tiers.pmem._copy import pool_view
 
@@ -40,10 +43,27 @@ class PoolObject:
     doomed: bool = False
 
 
+class _Unusable(Exception):
+    """The media holds no usable tierkv pool: what ``format = true`` may overwrite."""
+
+
 def open_pool(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
-    """The pool at `config.path`, open. An absent one is created for `capacity`; an unreadable
-    pool or a file that is not a tierkv pool is replaced only with ``format = true``, else
-    `DeviceError` (as for a pool another process holds). `name` is the tier's, for logs."""
+    """The pool at `config.path`, open, with its root record checked. `name` is the tier's, for
+    logs.
+
+    One rule, whatever the media (`format` never wipes a valid pool; `tierkv format` does):
+
+    - new media gets a new pool for `capacity`, whatever ``format`` says: nothing at the path,
+      an empty file, a device whose header area is zero;
+    - media that holds no usable tierkv pool (another file, a zero-filled one, another layout,
+      a pool header PMDK finds invalid, a root record not ours) is replaced with
+      ``format = true``; without it it is refused (`DeviceError` naming the path) and none of
+      it is overwritten (PMDK's open may update its own run-time state in a pool it opens);
+    - a valid pool is opened, with its objects, whatever ``format`` says.
+
+    A pool another process holds is `DeviceError` ("in use") in every case; so is a failure
+    that does not show the pool unusable (permissions, I/O): such a pool is never replaced.
+    """
     path = config.path
     # pay the pool's page faults at open, not in the middle of puts and gets
     pmemobj.set_prefault(at_create=False, at_open=True)
@@ -51,29 +71,85 @@ def open_pool(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
     kind = found.kind
     if kind is layout.PoolFile.ABSENT:
         return _create_file(path, capacity)
+    if kind is layout.PoolFile.EMPTY:
+        log.info("tier %s: %s is empty: creating a pool there", name, path)
+        return _recreate(path, kind, capacity)
     if kind in (layout.PoolFile.TIERKV, layout.PoolFile.DEVICE):
         try:
-            return pmemobj.open_pool(path, layout.LAYOUT_NAME)
-        except DeviceError as exc:
-            if pmemobj.failure_errno(exc) in pmemobj.IN_USE_ERRNOS:
-                raise DeviceError(f"{path}: pmem pool is in use by another process "
-                                  "(or already open)") from exc
-            if not config.format:
-                raise DeviceError(f"{path}: cannot open the pmem pool ({exc}); set "
-                                  "format = true to recreate it, losing its contents") from exc
-            log.warning("tier %s: recreating unreadable pool %s (%s)", name, path, exc)
-            return _recreate(path, kind, capacity)
+            return _open_usable(path)
+        except _Unusable as exc:
+            return _replace(config, name, kind, capacity, exc)
     what = f"{kind.value} {found.layout!r}" if found.layout else kind.value
+    return _replace(config, name, kind, capacity, _Unusable(f"{path}: {what}, not a tierkv pool"))
+
+
+def _replace(config: PmemTierConfig, name: str, kind: layout.PoolFile, capacity: int,
+             unusable: _Unusable) -> pmemobj.Pool:
+    """A new pool over media that holds no usable one: at once on a device whose header area
+    is zero (it is new), else only with ``format = true``."""
+    path = config.path
+    if kind is layout.PoolFile.DEVICE and (pool := _create_on_zeroed(path)) is not None:
+        log.info("tier %s: creating a pool on %s (its header area is zero)", name, path)
+        return pool
     if not config.format:
-        raise DeviceError(f"{path}: {what}, not a tierkv pool; refusing to overwrite "
-                          "it (set format = true to replace it)")
-    log.warning("tier %s: replacing %s at %s (format = true)", name, what, path)
+        raise DeviceError(f"{unusable}; refusing to overwrite it (set format = true to "
+                          "replace it, losing its contents)") from unusable
+    log.warning("tier %s: replacing what is at %s (format = true): %s", name, path, unusable)
     return _recreate(path, kind, capacity)
+
+
+def wipe(config: PmemTierConfig) -> Wiped:
+    """Make the pool's media new (`tierkv format`): the file truncated to size 0, a device's
+    header area zeroed, so that the next open creates an empty pool whatever ``format`` says.
+    `DeviceError` while the pool is open (PMDK's flock), here or in another process."""
+    return wipe_media(config.path, layout.HEADER_AREA)
+
+
+def _open_usable(path: Path) -> pmemobj.Pool:
+    """``pmemobj_open`` and the root check; `_Unusable` when PMDK finds the pool header invalid
+    (EINVAL: its checksum, version, layout or size) or the root is not a tierkv root."""
+    try:
+        pool = pmemobj.open_pool(path, layout.LAYOUT_NAME)
+    except DeviceError as exc:
+        code = pmemobj.failure_errno(exc)
+        if code in pmemobj.IN_USE_ERRNOS:
+            raise DeviceError(f"{path}: pmem pool is in use by another process "
+                              "(or already open)") from exc
+        if code == errno.EINVAL:
+            raise _Unusable(f"{path}: damaged or foreign pmem pool ({exc})") from exc
+        raise  # EACCES, EIO, ENOMEM...: the pool may be whole, it is no reason to replace it
+    try:
+        _check_root(pool, path)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _create_on_zeroed(path: Path) -> pmemobj.Pool | None:
+    """A new pool on a device whose header area is zero (new, or wiped), else ``None``: PMDK
+    refuses (EEXIST) to create a pool over a pool header that is not all zero."""
+    try:
+        pool = pmemobj.create_pool(path, layout.LAYOUT_NAME, 0)
+    except DeviceError as exc:
+        if pmemobj.failure_errno(exc) == errno.EEXIST:
+            return None
+        raise
+    try:
+        _check_root(pool, path)
+    except BaseException:
+        pool.close()
+        raise
+    return pool
 
 
 def _recreate(path: Path, kind: layout.PoolFile, capacity: int) -> pmemobj.Pool:
     if kind is layout.PoolFile.DEVICE:
-        return pmemobj.create_pool(path, layout.LAYOUT_NAME, 0)
+        wipe_media(path, layout.HEADER_AREA)  # refused while a process holds the pool
+        pool = _create_on_zeroed(path)
+        if pool is None:
+            raise DeviceError(f"{path}: still not a new device after its header was zeroed")
+        return pool
     # PMDK holds an flock on an open pool: never unlink a file somebody still uses
     with path.open("rb") as f:
         try:
@@ -91,22 +167,22 @@ def _create_file(path: Path, capacity: int) -> pmemobj.Pool:
     temporary.unlink(missing_ok=True)
     pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME, layout.pool_size_for(capacity))
     try:
-        check_root(pool, path)
+        _check_root(pool, path)
     finally:
         pool.close()
     os.replace(temporary, path)
     return pmemobj.open_pool(path, layout.LAYOUT_NAME)
 
 
-def check_root(pool: pmemobj.Pool, path: Path) -> None:
+def _check_root(pool: pmemobj.Pool, path: Path) -> None:
     """Check the pool's root record, writing it where it is still zeroed (a new pool);
-    `DeviceError` when it is another layout's or corrupt."""
+    `_Unusable` when it is another layout's or corrupt."""
     address = pool.direct(pool.root(layout.ROOT_SIZE))
     raw = ctypes.string_at(address, layout.ROOT_SIZE)
     try:
         valid = layout.check_root(raw)
     except CorruptObjectError as exc:
-        raise DeviceError(f"{path}: {exc}") from exc
+        raise _Unusable(f"{path}: {exc}") from exc
     if not valid:
         pool.memcpy_persist(address, layout.encode_root(), layout.ROOT_SIZE)
 

@@ -7,6 +7,10 @@ each wake-up, reaps every job that has finished. Each job's `finish` runs on the
 ends, before its future is resolved and whether or not the caller still waits, exactly as with
 `_copythreads.CopyThreads` (which the Python copy path keeps using). `close` waits for every job.
 
+Depth: at most `depth` jobs are in flight (`_copythreads.JobSlots`); a request beyond it waits
+for the slot that the reap of an ended job gives back, so a get of 10,000 keys queues `depth`
+jobs, not 10,000. A get's destination buffer is taken only once its slot is (`take_out`).
+
 Memory: a job's C structure and every buffer it reads or writes (the put's inputs, the get's
 destination) stay referenced here from submit to reap, whatever happens to the caller.
 """
@@ -18,6 +22,7 @@ import contextlib
 import ctypes
 import itertools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierkv.errors import DeviceError
-from tierkv.tiers._copythreads import Finish, complete
+from tierkv.tiers._copythreads import Finish, JobSlots, complete
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 from tierkv.tiers.pmem._native import OP_GET, OP_PUT, Job, NativeCopies, NativePut
 
@@ -45,7 +50,7 @@ class NativeQueue:
     """Worker threads of the native library with an asyncio face (see the module docstring)."""
 
     def __init__(self, native: NativeCopies, loop: asyncio.AbstractEventLoop,
-                 workers: int) -> None:
+                 workers: int, depth: int) -> None:
         self._native = native
         self._loop = loop
         handle = native.queue_create(workers)
@@ -58,31 +63,51 @@ class NativeQueue:
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._reaped = (ctypes.c_uint64 * _REAP_BATCH)()
-        self._drained = asyncio.Event()
-        self._drained.set()
+        self._slots = JobSlots(loop, depth)
+        #: the most jobs ever submitted and not yet reaped at once (bounded by `depth`)
+        self.max_in_flight = 0
         loop.add_reader(self._eventfd, self._reap)
 
-    def put(self, put: NativePut, finish: Finish | None) -> asyncio.Future[Any]:
-        """Run `put` on a worker; the future's result is `NativePut.outcome`'s tuple, or the
-        allocation's `DeviceError`."""
-        job = Job(op=OP_PUT, put=put.address)
-        return self._submit(job, finish, put)
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
 
-    def get(self, out: npt.NDArray[np.uint8], source: int, checksum: int,
-            finish: Finish | None) -> asyncio.Future[Any]:
-        """Fill `out` from `source` on a worker; the future's result is True when the bytes
-        match `checksum`."""
+    @property
+    def waiting(self) -> int:
+        return self._slots.waiting
+
+    async def put(self, put: NativePut, finish: Finish | None) -> Any:
+        """Run `put` on a worker once a slot is free: `NativePut.outcome`'s tuple, or the
+        allocation's `DeviceError`. `finish` runs exactly once, as in `CopyThreads.run`."""
+        await self._slots.admit(finish)
+        return await self._submit(Job(op=OP_PUT, put=put.address), finish, put)
+
+    async def get(self, take_out: Callable[[], npt.NDArray[np.uint8]], source: int,
+                  checksum: int, finish: Finish | None) -> npt.NDArray[np.uint8] | None:
+        """Once a slot is free, fill the buffer ``take_out()`` returns then from `source` on a
+        worker (its size is the copy's); that buffer, or ``None`` when the bytes fail
+        `checksum`. `finish` runs exactly once, as in `CopyThreads.run`."""
+        await self._slots.admit(finish)
+        try:
+            out = take_out()
+        except BaseException as exc:
+            self._slots.refuse(finish, exc)
+            raise
         job = Job(op=OP_GET, dest=int(out.ctypes.data), src=source, len=out.nbytes,
                   expected=checksum)
-        return self._submit(job, finish, out)
+        matched = await self._submit(job, finish, out)
+        return out if matched else None
 
     def _submit(self, job: Job, finish: Finish | None, keep: object) -> asyncio.Future[Any]:
+        """Queue `job` under the slot just taken; the reap of its end gives the slot back."""
         if self._handle is None:
-            raise DeviceError("the native copy queue is closed")
+            error = DeviceError("the native copy queue is closed")
+            self._slots.refuse(finish, error)
+            raise error
         future: asyncio.Future[Any] = self._loop.create_future()
         job.id = next(self._ids)
         self._pending[job.id] = _Pending(job, future, finish, keep)
-        self._drained.clear()
+        self.max_in_flight = max(self.max_in_flight, len(self._pending))
         self._native.queue_submit(self._handle, ctypes.addressof(job))
         return future
 
@@ -93,9 +118,8 @@ class NativeQueue:
         assert self._handle is not None
         while count := self._native.queue_reap(self._handle, self._reaped, _REAP_BATCH):
             for job_id in self._reaped[:count]:
+                self._slots.give_back()
                 self._complete(self._pending.pop(job_id))
-        if not self._pending:
-            self._drained.set()
 
     @staticmethod
     def _complete(pending: _Pending) -> None:
@@ -117,7 +141,7 @@ class NativeQueue:
 
     async def close(self) -> None:
         """Wait for every job, then stop the workers and release the eventfd."""
-        await self._drained.wait()
+        await self._slots.idle.wait()
         if self._handle is not None:
             self._loop.remove_reader(self._eventfd)
             self._native.queue_destroy(self._handle)

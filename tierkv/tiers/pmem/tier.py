@@ -2,14 +2,10 @@
 
 Write path: `put` makes one ``pmemobj_xalloc`` of the record (prefix, header, payload;
 `formats.pmem_layout`) whose constructor fills it and persists it once, as a whole, before PMDK
-publishes the allocation, so after a crash an object is either whole or absent. The payload is
-hashed and streamed in chunks (memory is read once, with non-temporal stores); the header, which
-holds the checksum, is written after it at an offset sized for the widest checksum encoding (the
-payload moves up in the 1-in-2**32 case of a shorter one). Two implementations write the same
-bytes: the native library's C constructor (`_native`, the default where it is built) and a
-Python one (`_pmem_copy.copy_in` called from a ctypes constructor). An overwrite allocates the new
-record first and frees the old one after; a crash in between leaves both, and recovery keeps the
-newer. `delete` is ``pmemobj_free`` (atomic).
+publishes the allocation, so after a crash an object is either whole or absent (`_records`: the
+native library's C constructor where it is built, else a Python one; same bytes). An overwrite
+allocates the new record first and frees the old one after; a crash in between leaves both, and
+recovery keeps the newer. `delete` is ``pmemobj_free`` (atomic).
 
 Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
 record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
@@ -27,56 +23,58 @@ survives a process crash but not a reboot. `describe` and `stats` state which ca
 
 Concurrency: coroutines of one event loop. Puts and gets of payloads of `LARGE_COPY` bytes or
 more never copy on the loop: with the native library they run on its `NATIVE_WORKERS` threads,
-wholly in C and without the GIL (`_pmem_queue.NativeQueue`, completions reaped through an
+wholly in C and without the GIL (`_queue.NativeQueue`, completions reaped through an
 eventfd); without it on the tier's Python copy thread (`_copythreads.CopyThreads`: ctypes and
 xxhash release the GIL), which also runs the recovery walk (`_pool`) in both cases. Small
-payloads are copied inline. The index
-and `used` are touched only on the loop: a copy's bookkeeping runs there when it ends, even if its
-caller was cancelled meanwhile (a cancelled put then frees what it wrote; a cancelled get releases
-its hold). A `get` that overlaps a `delete` or overwrite of its key holds the old allocation until
-its copy is done (reader count), so it returns the whole old object, never reused memory.
+payloads are copied inline. At most `queue_depth` large copies are in flight on either queue
+(`_copythreads.JobSlots`); the rest wait for a slot, which the queue gives back when a copy
+ends, and a waiting get holds no result buffer yet. The index and `used` are touched only on
+the loop: a copy's bookkeeping runs there when it ends, even if its caller was cancelled
+meanwhile (a cancelled put then frees what it wrote; a cancelled get releases its hold; one
+cancelled while it waited for a slot ends there, having copied nothing). `stats` reports the
+copies in flight, waiting, and the most ever in flight (`copies_in_flight_max`). A `get` that
+overlaps a `delete` or overwrite of its key holds the old allocation until its copy is done
+(reader count), so it returns the whole old object, never reused memory.
 
 Buffers: `put` copies the payload before it returns (a cancelled put's copy may still be
 reading it; the tier keeps it referenced until then); `get` returns a writable `memoryview` of a
 numpy buffer that the caller owns, not zero-filled, from `_buffers.BufferRecycler` for results of
 64 KiB or more (its memory is reused only once nothing refers to the result any more).
 
-Errors: `DeviceError` for a pool that is not ours (another layout, a corrupt header, a non-pool
-file: the file is left untouched unless ``format = true``), a pool another process holds ("in
-use"), or a failing PMDK call (with ``pmemobj_errormsg``); `TierFullError` as above.
+Format: new media (no file, an empty file, a device whose header area is zero) gets a new pool
+whatever ``format`` says; media that holds no usable tierkv pool (another file, a zero-filled
+one, another layout, a damaged pool header or root) is replaced only with ``format = true`` and
+otherwise refused, nothing of it overwritten; a valid pool is opened with its objects either
+way, never wiped (`_pool.open_pool`). The deliberate wipe is `tierkv format` (`_pool.wipe`).
+
+Errors: `DeviceError` naming the path for media refused as above, a pool another process holds
+("in use"), or a failing PMDK call (with ``pmemobj_errormsg``); `TierFullError` as above.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import errno
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tierkv.config import PmemTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.header import ObjectHeader, encode_header, encode_header_parts
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers._buffers import BufferRecycler
 from tierkv.tiers._copythreads import CopyThreads
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.pmem import _pmemobj as pmemobj
-from tierkv.tiers.pmem._copy import CHUNK, address_of, copy_in, copy_out
+from tierkv.tiers.pmem._copy import CHUNK, copy_out
 from tierkv.tiers.pmem._media import Media, filesystem_of, probe
-from tierkv.tiers.pmem._native import NativeCopies, NativePut, Outcome
+from tierkv.tiers.pmem._native import NativeCopies, Outcome
 from tierkv.tiers.pmem._native import load as load_native
-from tierkv.tiers.pmem._pool import (
-    PoolObject,
-    check_root,
-    open_pool,
-    recover,
-    register_classes,
-)
+from tierkv.tiers.pmem._pool import PoolObject, open_pool, recover, register_classes
 from tierkv.tiers.pmem._queue import NativeQueue
+from tierkv.tiers.pmem._records import RecordWriter
 
 # CHUNK and probe live with what they describe; the tier's public surface keeps them
 __all__ = ["CHUNK", "COPY_THREADS", "HEADER_ALLOWANCE", "LARGE_COPY", "PmemTier", "probe"]
@@ -99,7 +97,6 @@ NATIVE_WORKERS = 2
 RETAINED_RESULTS = 64 << 20
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
 HEADER_ALLOWANCE = 256
-_MAX_CHECKSUM = 2**64 - 1
 
 
 class PmemTier(Tier):
@@ -125,9 +122,9 @@ class PmemTier(Tier):
         self._used = 0
         self._payload_bytes = 0
         self._sequence = 1
-        self._class_flags: list[int] = []
-        self._arena = 0
+        self._writer: RecordWriter | None = None
         self._copy_threads: CopyThreads | None = None
+        self._max_in_flight = 0  # of the queues closed so far (`_copy_stats`)
         self._operations = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -143,9 +140,9 @@ class PmemTier(Tier):
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
         loop = asyncio.get_running_loop()
-        copier = CopyThreads(loop, COPY_THREADS, f"tierkv-{self.name}-pmem")
+        copier = CopyThreads(loop, COPY_THREADS, f"tierkv-{self.name}-pmem", self.queue_depth)
         try:
-            recovered = await copier.submit(self._open_sync)
+            recovered = await copier.run(lambda: self._open_sync)
         except BaseException:
             await copier.close()
             raise
@@ -153,17 +150,21 @@ class PmemTier(Tier):
             self._copy_threads = copier
         else:  # the native workers take every large copy: the Python thread was for the walk
             await copier.close()
-            self._native_queue = NativeQueue(self._native, loop, NATIVE_WORKERS)
+            self._native_queue = NativeQueue(self._native, loop, NATIVE_WORKERS,
+                                             self.queue_depth)
         return recovered
 
     async def _close(self) -> None:
         await self._idle.wait()
         if self._native_queue is not None:
             await self._native_queue.close()
+            self._max_in_flight = max(self._max_in_flight, self._native_queue.max_in_flight)
             self._native_queue = None
         if self._copy_threads is not None:
             await self._copy_threads.close()
+            self._max_in_flight = max(self._max_in_flight, self._copy_threads.max_in_flight)
             self._copy_threads = None
+        self._writer = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -172,8 +173,7 @@ class PmemTier(Tier):
     def _open_sync(self) -> list[RecoveredObject]:
         pool = open_pool(self.config, self.name, self._capacity)
         try:
-            check_root(pool, self.path)
-            self._class_flags = register_classes(pool)
+            class_flags = register_classes(pool)
             self._native = load_native() if self._use_native else None
             fstype, _options = filesystem_of(self.path)
             self.media = Media(pool.is_pmem(), fstype, fstype == "tmpfs")
@@ -185,9 +185,11 @@ class PmemTier(Tier):
                                 self._capacity)
                     self._capacity = limit
             self._pool = pool
+            self._writer = RecordWriter(pool, class_flags, self._native, self.name)
             recovered = self._recover(pool)
         except BaseException:
             self._pool = None
+            self._writer = None
             pool.close()
             raise
         log.info("tier %s: pool %s (%d bytes, %s), %d objects recovered, %d corrupt freed",
@@ -244,12 +246,13 @@ class PmemTier(Tier):
             raise ValueError(f"payload holds {view.nbytes} bytes, meta says {meta.nbytes}")
         sequence = self._sequence
         self._sequence += 1
-        record_size, write, native_put = self._prepare(sequence, key, meta, view)
-        reserved = layout.record_footprint(record_size)
+        writer = self._live_writer()
+        prepared = writer.prepare(sequence, key, meta, view)
+        reserved = layout.record_footprint(prepared.record_size)
         self._reserve(reserved)
         if view.nbytes < LARGE_COPY:
             try:
-                obj = write()
+                obj = prepared.write()
             except BaseException as exc:
                 self._used -= reserved
                 self._count_failure(exc)
@@ -257,6 +260,7 @@ class PmemTier(Tier):
             self._used += obj.footprint - reserved
             self._install(key, obj)
             return ()
+
         def finish(obj: PoolObject | None, error: BaseException | None, abandoned: bool) -> None:
             # on the loop, once the worker is done, whether or not the caller still waits
             self._end()
@@ -271,106 +275,28 @@ class PmemTier(Tier):
                 self._install(key, obj)
 
         self._begin()
+        native_put = prepared.native
         if native_put is None:
-            await self._copier().submit(write, finish)
+            await self._copier().run(lambda: prepared.write, finish)
             return ()
 
         def finish_native(outcome: Outcome | None, error: BaseException | None,
                           abandoned: bool) -> None:
-            obj = None if outcome is None else self._pool_object(outcome, meta, sequence)
+            obj = None if outcome is None else writer.pool_object(outcome, meta, sequence)
             finish(obj, error, abandoned)
 
         try:
             await self._queue().put(native_put, finish_native)
         except DeviceError as exc:
-            self._raise_if_full(exc, record_size)
+            writer.raise_if_full(exc, prepared.record_size)
             raise
         return ()
-
-    def _prepare(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview
-                 ) -> tuple[int, Callable[[], PoolObject], NativePut | None]:
-        """The size of the record a put allocates, the job that writes it inline (`_write`), and
-        with the native library the prepared put that its workers can run instead."""
-        native = self._native
-        if native is None:
-            # the widest header (a checksum of 2**32 or more: all but 1 in 2**32) sizes it
-            widest = len(encode_header(ObjectHeader(key, meta, _MAX_CHECKSUM)))
-            size = layout.PREFIX_SIZE + widest + view.nbytes
-            return size, functools.partial(self._write, sequence, key, meta, view, widest), None
-        prefix = layout.encode_prefix(sequence)
-        parts = encode_header_parts(key, meta)
-        put = NativePut(native, self._live_pool().handle, prefix=prefix, parts=parts,
-                        payload_address=address_of(view), payload_len=view.nbytes,
-                        type_num=layout.OBJECT_TYPE_NUM, keep=view)
-        put.set_flags(self._class_flag(put.record_size))
-        return (put.record_size, functools.partial(self._write_native, put, meta, sequence),
-                put)
 
     def _count_failure(self, error: BaseException | None) -> None:
         full = isinstance(error, TierFullError) or (
             isinstance(error, DeviceError) and pmemobj.failure_errno(error) == errno.ENOMEM)
         if full:
             self._counters["pool_full"] += 1
-
-    def _write(self, sequence: int, key: bytes, meta: ObjectMeta, view: memoryview,
-               header_guess: int) -> PoolObject:
-        """The Python path: allocate and fill one record; runs inline (small) or on the Python
-        copy thread (large).
-
-        The payload is copied and hashed in `CHUNK`s (hashing the chunk just written, still in
-        the cache), so memory is read about once; the header, which holds the checksum, is
-        written after it, and the whole record is persisted once before PMDK publishes it.
-        """
-        pool = self._live_pool()
-        prefix = layout.encode_prefix(sequence)
-        offset = len(prefix) + header_guess
-        nbytes = view.nbytes
-        written: list[int] = []
-
-        def construct(address: int) -> None:
-            payload_sum = copy_in(pool, address + offset, view)
-            record = prefix + encode_header(ObjectHeader(key, meta, payload_sum))
-            if len(record) != offset:  # a shorter checksum encoding: the payload moves up
-                ctypes.memmove(address + len(record), address + offset, nbytes)
-            ctypes.memmove(address, record, len(record))
-            pool.persist(address, len(record) + nbytes)
-            written.extend((payload_sum, len(record), address))
-
-        size = offset + nbytes
-        try:
-            oid = pool.alloc(size, layout.OBJECT_TYPE_NUM, construct, self._class_flag(size))
-        except DeviceError as exc:
-            self._raise_if_full(exc, size)
-            raise
-        payload_sum, payload_offset, address = written
-        return PoolObject(oid, address, meta, payload_offset, payload_sum,
-                          pool.usable_size(oid) + layout.ALLOC_HEADER, sequence)
-
-    def _write_native(self, put: NativePut, meta: ObjectMeta, sequence: int) -> PoolObject:
-        """`_write` in one C call (`_native`): same record, same guarantees, no GIL."""
-        try:
-            outcome = put.run(self._live_pool())
-        except DeviceError as exc:
-            self._raise_if_full(exc, put.record_size)
-            raise
-        return self._pool_object(outcome, meta, sequence)
-
-    def _pool_object(self, outcome: Outcome, meta: ObjectMeta, sequence: int) -> PoolObject:
-        oid, address, payload_offset, payload_sum = outcome
-        return PoolObject(oid, address, meta, payload_offset, payload_sum,
-                          self._live_pool().usable_size(oid) + layout.ALLOC_HEADER, sequence)
-
-    def _class_flag(self, record_size: int) -> int:
-        """The allocation flag of the tier's class for a record (0: a PMDK huge allocation)."""
-        index = layout.class_index(record_size)
-        return self._class_flags[index] if index is not None else 0
-
-    def _raise_if_full(self, error: DeviceError, size: int) -> None:
-        """A failed allocation because the pool is full becomes `TierFullError` (the engine
-        evicts and retries); any other failure stays what it is."""
-        if pmemobj.failure_errno(error) == errno.ENOMEM:
-            raise TierFullError(f"tier {self.name!r}: pool {self.path} has no room for "
-                                f"{size} bytes") from error
 
     def _install(self, key: bytes, obj: PoolObject) -> None:
         old = self._objects.get(key)
@@ -394,6 +320,11 @@ class PmemTier(Tier):
         if self._pool is None:
             raise DeviceError(f"tier {self.name!r}: pool {self.path} is not open")
         return self._pool
+
+    def _live_writer(self) -> RecordWriter:
+        if self._writer is None:
+            raise DeviceError(f"tier {self.name!r}: pool {self.path} is not open")
+        return self._writer
 
     def _begin(self) -> None:
         self._operations += 1
@@ -421,18 +352,20 @@ class PmemTier(Tier):
             self._end()
 
         source, nbytes = obj.address + obj.payload_offset, obj.meta.nbytes
-        out = self._results.take(nbytes)
+        # a large get takes its result buffer only once its copy has a slot in the queue
+        take_out = functools.partial(self._results.take, nbytes)
         if nbytes < LARGE_COPY:
             try:
-                data = copy_out(out, source, obj.payload_checksum, self._native)
+                data = copy_out(take_out(), source, obj.payload_checksum, self._native)
             finally:
                 finish()
         elif self._native is None:
-            data = await self._copier().submit(
-                functools.partial(copy_out, out, source, obj.payload_checksum), finish)
+            data = await self._copier().run(
+                lambda: functools.partial(copy_out, take_out(), source, obj.payload_checksum),
+                finish)
         else:
-            matched = await self._queue().get(out, source, obj.payload_checksum, finish)
-            data = out.data if matched else None
+            out = await self._queue().get(take_out, source, obj.payload_checksum, finish)
+            data = None if out is None else out.data
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
@@ -479,6 +412,7 @@ class PmemTier(Tier):
             tmpfs=media.tmpfs if media else None,
             durability=media.durability if media else "unknown until open",
             copy_path=self._copy_path(),
+            **self._copy_stats(),
             recycled_results=self._results.reused,
             objects=len(self._objects),
             bytes=self._payload_bytes,
@@ -499,6 +433,16 @@ class PmemTier(Tier):
             "durability": media.durability,
             "copies": self._copy_path(),
         }
+
+    def _copy_stats(self) -> dict[str, int]:
+        """Large copies on the active queue: in flight, waiting for a slot, and the most ever
+        in flight at once (never above `queue_depth`)."""
+        active = self._native_queue or self._copy_threads
+        if active is None:
+            return {"copies_in_flight": 0, "copies_waiting": 0,
+                    "copies_in_flight_max": self._max_in_flight}
+        return {"copies_in_flight": active.in_flight, "copies_waiting": active.waiting,
+                "copies_in_flight_max": max(self._max_in_flight, active.max_in_flight)}
 
     def _copy_path(self) -> str:
         if self._native is not None:

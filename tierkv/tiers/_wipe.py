@@ -1,0 +1,118 @@
+"""Making a persistent tier's media new again: what `tierkv format` does to each tier.
+
+Separate from the tiers because it is the same for both persistent kinds and knows one fact of
+their formats, the size of the header area each recognises its media by. A regular file is
+truncated to size 0, which every persistent tier's next open treats as new (it creates its
+format there whatever ``format`` says). A device cannot shrink: its header area is zeroed
+instead, which both kinds also treat as new (a block device is written with ``pwrite``; a device
+DAX character device, which has no ``write(2)``, through a shared mapping of its first aligned
+extent). Nothing past the header area is touched: the old bytes there are unreachable once the
+header is gone.
+
+While it writes, the wipe holds an exclusive ``flock`` on the media, and it refuses media on
+which another open file holds one: PMDK takes one on every pool it opens, so an open pmem pool
+is never wiped under its user (in this process or another).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import mmap
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from tierkv._units import format_size
+from tierkv.errors import DeviceError
+
+#: mapping granule of a device DAX whose alignment sysfs does not tell (the kernel's default)
+_DAX_ALIGN = 2 << 20
+
+
+class WipeAction(enum.Enum):
+    NOTHING = "absent, nothing to wipe"
+    TRUNCATED = "truncated to 0 bytes"
+    ZEROED = "header zeroed"
+
+
+@dataclass(frozen=True, slots=True)
+class Wiped:
+    """What a wipe did: `size` is the file's size before (truncated) or the bytes zeroed."""
+
+    path: Path
+    action: WipeAction
+    size: int = 0
+
+    def __str__(self) -> str:
+        if self.action is WipeAction.TRUNCATED:
+            return f"{self.path}: {self.action.value} (was {format_size(self.size)})"
+        if self.action is WipeAction.ZEROED:
+            return f"{self.path}: {self.action.value} (first {format_size(self.size)})"
+        return f"{self.path}: {self.action.value}"
+
+
+def wipe_media(path: Path, header_area: int) -> Wiped:
+    """Leave the media at `path` new for its tier (see the module docstring): a regular file
+    truncated to size 0, a device with its first `header_area` bytes zeroed, each made durable
+    before this returns. `DeviceError` naming the path when the media is held by another open
+    pool, is neither a file nor a device, or cannot be opened or written (only a failing write
+    leaves anything changed)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Wiped(path, WipeAction.NOTHING)
+    except OSError as exc:
+        raise DeviceError(f"{path}: cannot open it to wipe it: {exc.strerror}") from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            raise DeviceError(f"{path}: in use by another process (or an open tier); "
+                              "not wiped") from exc
+        info = os.fstat(fd)
+        if stat.S_ISREG(info.st_mode):
+            os.ftruncate(fd, 0)
+            os.fsync(fd)
+            return Wiped(path, WipeAction.TRUNCATED, info.st_size)
+        if stat.S_ISBLK(info.st_mode):
+            _zero_written(fd, header_area)
+        elif stat.S_ISCHR(info.st_mode):
+            _zero_mapped(fd, header_area, _dax_alignment(info.st_rdev))
+        else:
+            raise DeviceError(f"{path}: neither a regular file nor a device; not wiped")
+        return Wiped(path, WipeAction.ZEROED, header_area)
+    except OSError as exc:
+        raise DeviceError(f"{path}: wipe failed: {exc.strerror}") from exc
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _zero_written(fd: int, size: int) -> None:
+    zeros = memoryview(bytes(size))
+    done = 0
+    while done < size:
+        done += os.pwrite(fd, zeros[done:], done)
+    os.fsync(fd)
+
+
+def _zero_mapped(fd: int, size: int, alignment: int) -> None:
+    # a device DAX maps only whole aligned extents
+    length = -(-size // alignment) * alignment
+    with mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE) as mapped:
+        mapped[:size] = bytes(size)
+        mapped.flush()
+
+
+def _dax_alignment(rdev: int) -> int:
+    base = Path(f"/sys/dev/char/{os.major(rdev)}:{os.minor(rdev)}")
+    for attribute in (base / "align", base / "device" / "align"):
+        try:
+            return int(attribute.read_text().strip())
+        except (OSError, ValueError):
+            continue
+    return _DAX_ALIGN
