@@ -15,6 +15,7 @@ from tierkv.errors import TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.testing import cancel_at
 from tierkv.tiers.pmem import _pmemobj as pm
 from tierkv.tiers.pmem._native import load as load_native
 from tierkv.tiers.pmem.tier import CHUNK, LARGE_COPY, PmemTier
@@ -24,12 +25,18 @@ pytestmark = pytest.mark.pmem
 CAPACITY = 32 << 20
 # not a multiple of CHUNK, so the last chunk is partial
 LARGE = 2 * CHUNK + 12345
+#: `short_checksum_payload`: its size (several chunks, the last one partial, for chunks of any
+#: power of two up to 1 MiB) and its last 8 bytes (little endian), found by trying tails in turn
+#: until the payload's xxh3-64 fell below 2**32 (as 1 in 2**32 payloads' does)
+SHORT_CHECKSUM_SIZE = 3 * (1 << 20) + 12345
+SHORT_CHECKSUM_TAIL = 6403148706
 
 
 Make = Callable[[Path], PmemTier]
 
 
-@pytest.fixture(params=[True, False], ids=["native", "python"])
+@pytest.fixture(params=[pytest.param(True, marks=pytest.mark.native), False],
+                ids=["native", "python"])
 def make(request: pytest.FixtureRequest) -> Make:
     """Tiers on the native copy paths (the library must be built: scripts/setup) or Python's."""
     native: bool = request.param
@@ -40,6 +47,13 @@ def make(request: pytest.FixtureRequest) -> Make:
 
 def meta_of(size: int) -> ObjectMeta:
     return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
+
+
+def short_checksum_payload() -> bytes:
+    """A payload whose checksum msgpack encodes in 5 bytes, not the widest 9."""
+    size = SHORT_CHECKSUM_SIZE
+    body = (bytes(range(251)) * (size // 251 + 1))[: size - 8]
+    return body + SHORT_CHECKSUM_TAIL.to_bytes(8, "little")
 
 
 @pytest.mark.parametrize("size", [LARGE_COPY, CHUNK, LARGE], ids=["one-chunk", "chunk", "chunks"])
@@ -76,19 +90,43 @@ async def test_chunked_checksum_matches_one_shot(make: Make, tmp_path: Path, siz
 
 
 async def test_shorter_header_moves_the_payload(make: Make, tmp_path: Path) -> None:
-    """A checksum below 2**32 encodes shorter than the header the record was sized for: the
-    payload is moved up behind the real header (forced here with an over-wide guess)."""
+    """A checksum below 2**32 encodes shorter than the widest header a put sizes its record for
+    (it learns the checksum only while it copies the payload): the payload is moved up behind
+    the real header. A payload with such a checksum goes through `put`, and the record on the
+    media holds it right behind its real header, as recovery and `get` find it."""
     path = tmp_path / "tier.pool"
-    data = os.urandom(LARGE)
-    widest = len(encode_header(ObjectHeader(b"\x02moved", meta_of(LARGE), 2**64 - 1)))
+    data = short_checksum_payload()
+    assert checksum(data) < 2**32
+    key, meta = b"\x02moved", meta_of(len(data))
+    real = len(encode_header(ObjectHeader(key, meta, checksum(data))))
+    widest = len(encode_header(ObjectHeader(key, meta, 2**64 - 1)))
+    assert real < widest
     tier = make(path)
     await tier.open()
     try:
-        obj = tier._write(1, b"\x02moved", meta_of(LARGE), memoryview(data), widest + 8)
-        assert obj.payload_offset == layout.PREFIX_SIZE + widest
-        assert ctypes.string_at(obj.address + obj.payload_offset, LARGE) == data
-        assert obj.payload_checksum == checksum(data)
-        tier._live_pool().free(obj.oid)
+        await tier.put(key, meta, data)
+        got = await tier.get(key)
+        assert got is not None and bytes(got[1]) == data
+    finally:
+        await tier.close()
+    pool = pm.open_pool(path, layout.LAYOUT_NAME)  # the media, bypassing the tier
+    try:
+        oid = pool.first()
+        assert oid is not None and pool.next(oid) is None
+        record = ctypes.string_at(pool.direct(oid), pool.usable_size(oid))
+    finally:
+        pool.close()
+    info = layout.decode_record(memoryview(record))
+    assert info.payload_offset == layout.PREFIX_SIZE + real
+    assert record[info.payload_offset : info.payload_offset + len(data)] == data
+    assert info.header.payload_checksum == checksum(data)
+    tier = make(path)
+    recovered = await tier.open()
+    try:
+        assert [r.key for r in recovered] == [key]
+        assert tier.stats()["corrupt_freed_at_open"] == 0
+        got = await tier.get(key)
+        assert got is not None and bytes(got[1]) == data
     finally:
         await tier.close()
 
@@ -164,23 +202,26 @@ async def test_worker_error_reaches_the_caller_and_used_stays_consistent(
 
 
 async def test_cancelled_large_put_leaves_nothing(make: Make, tmp_path: Path) -> None:
-    """The copy of a cancelled put goes on (it holds the caller's buffer), then frees what it
-    wrote and its reservation; `close` waits for it, and the reopened pool holds only the put
-    that was not cancelled. (Copies run on several workers: the later put may end first.)"""
+    """A large put cancelled at each of its awaits in turn (`cancel_at`; one is the wait for its
+    copy on a worker) leaves nothing: a copy under way goes on (it holds the caller's buffer),
+    then frees what it wrote and its reservation; `close` waits for it, and the reopened pool
+    holds only the puts that were not cancelled. (Copies run on several workers: a later put
+    may end first.)"""
     path = tmp_path / "tier.pool"
     tier = make(path)
     await tier.open()
+    size = 4 << 20
     try:
-        task = asyncio.create_task(tier.put(b"\x02gone", meta_of(8 << 20), bytes(8 << 20)))
-        await asyncio.sleep(0)  # the copy is on its worker now
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        cancelled, _ = await cancel_at(
+            lambda k: tier.put(b"\x02gone-%d" % k, meta_of(size), bytes(size)))
+        assert cancelled >= 1, "a large put never waited for its copy"
+        assert await tier.delete(b"\x02gone-%d" % (cancelled + 1))  # the one not cancelled
         await tier.put(b"\x02sync", meta_of(LARGE), bytes(LARGE))
-        assert not await tier.contains(b"\x02gone")
+        for k in range(1, cancelled + 1):
+            assert not await tier.contains(b"\x02gone-%d" % k)
     finally:
         await tier.close()
-    assert 0 < tier.used <= tier.footprint(LARGE)  # the cancelled put's bookkeeping has run
+    assert 0 < tier.used <= tier.footprint(LARGE)  # the cancelled puts' bookkeeping has run
     tier = make(path)
     recovered = await tier.open()
     try:
@@ -193,28 +234,35 @@ async def test_cancelled_large_put_leaves_nothing(make: Make, tmp_path: Path) ->
 
 
 async def test_cancelled_large_get_keeps_the_object(make: Make, tmp_path: Path) -> None:
-    """A delete during a cancelled get's copy frees the object only once the copy is done:
-    other puts and gets meanwhile are intact, and after `close` (which waits for the copy)
-    the reopened pool is empty."""
+    """A large get cancelled at each of its awaits in turn, its key deleted while it waits
+    there: the delete frees the object only once a copy under way is done, so other puts and
+    gets meanwhile are intact; after `close` (which waits for the copies) the reopened pool
+    is empty."""
     path = tmp_path / "tier.pool"
     tier = make(path)
     await tier.open()
-    try:
-        data = os.urandom(4 << 20)
-        await tier.put(b"\x02keep", meta_of(len(data)), data)
-        task = asyncio.create_task(tier.get(b"\x02keep"))
-        await asyncio.sleep(0)
-        assert await tier.delete(b"\x02keep")  # freed only once the copy is done
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    data = os.urandom(4 << 20)
+
+    async def delete(_k: int) -> None:
+        assert await tier.delete(b"\x02keep")  # freed only once a copy under way is done
+
+    async def reuse(_k: int) -> None:
         await tier.put(b"\x02next", meta_of(len(data)), data)
         got = await tier.get(b"\x02next")
         assert got is not None and bytes(got[1]) == data
         assert await tier.delete(b"\x02next")
+        await tier.put(b"\x02keep", meta_of(len(data)), data)  # for the next run
+
+    try:
+        await tier.put(b"\x02keep", meta_of(len(data)), data)
+        cancelled, last = await cancel_at(lambda _k: tier.get(b"\x02keep"), meanwhile=delete,
+                                          after=reuse)
+        assert cancelled >= 1, "a large get never waited for its copy"
+        assert last is not None and bytes(last[1]) == data
+        assert await tier.delete(b"\x02keep")
     finally:
         await tier.close()
-    assert tier.used == 0  # the deferred free ran when the cancelled copy ended
+    assert tier.used == 0  # the deferred frees ran when the cancelled copies ended
     tier = make(path)
     assert await tier.open() == []
     try:
