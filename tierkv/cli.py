@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shutil
@@ -224,6 +225,11 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
         jobs.append(("l1_tensor_2m", lambda bar: engine_bench.l1_tensor_bandwidth(
             config, rounds=256 if quick else 1024, progress=bar)))
     if args.device == "engine":
+        from tierkv.bench import engine_core
+
+        for case in (engine_core.bandwidth, engine_core.sustained_spill,
+                     engine_core.get_p99_under_migration, engine_core.write_through_group_commit):
+            jobs.append((case.__name__, functools.partial(_engine_case, case, config, quick)))
         jobs.append(("workload", lambda bar: _workload(config, args, bar)))
     if args.trace is not None:
         jobs.append(("trace", lambda bar: _trace(config, args, bar)))
@@ -232,6 +238,11 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
     if args.device == "pmem":
         jobs.append(("pmem", lambda bar: _device_bench("pmem", args, bar)))
     return jobs
+
+
+async def _engine_case(case: Callable[..., Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]],
+                       config: Config, quick: bool, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+    return await case(config, quick=quick, progress=bar)
 
 
 async def _workload(

@@ -146,9 +146,12 @@ async def test_idle_objects_expire_in_the_background(tmp_path: Path) -> None:
     config = gpu_nvme(tmp_path, gpu={"ttl": "50ms"})
     async with tierkv.open(config) as kv:
         await kv.put("idle", b"i" * 3000)
-        deadline = time.monotonic() + 5
-        while await kv.locate("idle") == "gpu" and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        await kv.put("busy", b"b" * 3000)
+        for _ in range(10):  # 250 ms: five ttls, twenty expiry passes
+            await asyncio.sleep(0.025)
+            assert await kv.get("busy") == b"b" * 3000
+        await kv.settle()
         assert await kv.locate("idle") == "nvme"
+        assert await kv.locate("busy") == "gpu"  # read every 25 ms: never idle for 50
         assert kv.stats()["engine"]["expired"] == 1
         assert await kv.get("idle") == b"i" * 3000

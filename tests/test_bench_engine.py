@@ -1,0 +1,53 @@
+"""The engine-core benchmarks run and report each figure beside its baseline (quick, one repeat).
+
+They measure; the figures themselves are recorded in docs/benchmarks.md, not asserted here.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tierkv.bench import engine_core
+from tierkv.config import Config
+from tierkv.config.default import default_config, shm_or
+
+pytestmark = pytest.mark.pmem
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Iterator[Config]:
+    with tempfile.TemporaryDirectory(prefix="tierkv-bench-", dir=shm_or(tmp_path)) as pool_dir:
+        yield default_config(Path(pool_dir), tmp_path)
+
+
+async def test_bandwidth_rows_have_memcpy_baselines(config: Config) -> None:
+    result, rows = await engine_core.bandwidth(config, quick=True, repeats=1)
+    assert [row.target for row in rows] == [0.7, 0.7, 0.6, 0.6]
+    for row in rows:
+        assert row.measured > 0 and row.baseline and row.ratio is not None
+        assert "memcpy" in row.baseline_name
+    assert len(result["rows"]) == 4
+
+
+async def test_sustained_spill_demotes_into_pmem(config: Config) -> None:
+    result, rows = await engine_core.sustained_spill(config, quick=True, repeats=1)
+    assert result["demoted"] > 0  # the gpu tier is half the bytes put: most went down
+    assert rows[0].target == 0.4 and rows[0].ratio is not None
+
+
+async def test_p99_compares_migrating_with_quiet(config: Config) -> None:
+    result, rows = await engine_core.get_p99_under_migration(config, quick=True, repeats=1)
+    assert result["demoted"] > 0 and result["samples_while_migrating"] > 0
+    assert rows[0].baseline_name.startswith("p99 with migration")
+
+
+async def test_group_commit_shares_flushes(config: Config) -> None:
+    result, rows = await engine_core.write_through_group_commit(config, quick=True, repeats=1)
+    flushes = result["flushes"]
+    assert flushes[False] == 256  # one per put
+    assert flushes[True] < flushes[False]
+    assert rows[0].baseline_name == "one flush per put"
