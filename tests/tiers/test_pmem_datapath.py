@@ -161,11 +161,14 @@ async def test_concurrent_large_puts_and_gets_keep_contents(make: Make, tmp_path
 
 
 async def test_returned_payload_is_a_writable_owned_buffer(make: Make, tmp_path: Path) -> None:
+    """A tensor's payload is a writable buffer the caller owns; a bytes value comes back as
+    `bytes`, copied into once, equally the caller's."""
     tier = make(tmp_path / "tier.pool")
     await tier.open()
     try:
         data = os.urandom(LARGE)
-        await tier.put(b"\x02own", meta_of(LARGE), data)
+        tensor_meta = ObjectMeta(ValueKind.TENSOR, "uint8", (LARGE,), LARGE, 1)
+        await tier.put(b"\x02own", tensor_meta, data)
         got = await tier.get(b"\x02own")
         assert got is not None
         payload = got[1]
@@ -173,6 +176,13 @@ async def test_returned_payload_is_a_writable_owned_buffer(make: Make, tmp_path:
         payload[:] = bytes(LARGE)
         again = await tier.get(b"\x02own")
         assert again is not None and bytes(again[1]) == data
+        for size in (LARGE, 100):  # the worker's copy and the inline one
+            await tier.put(b"\x02bytes", meta_of(size), data[:size])
+            first = await tier.get(b"\x02bytes")
+            second = await tier.get(b"\x02bytes")
+            assert first is not None and second is not None
+            assert type(first[1]) is bytes and first[1] == data[:size]
+            assert first[1] is not second[1] and second[1] == data[:size]
     finally:
         await tier.close()
 

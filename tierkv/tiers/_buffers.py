@@ -20,6 +20,7 @@ drops the last reference, so the free lists are guarded by a lock.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import weakref
 from collections import defaultdict
@@ -29,6 +30,24 @@ import numpy.typing as npt
 
 #: results below this size come from the allocator's small-object pools anyway
 MIN_RECYCLED = 64 << 10
+
+_bytes_of_size = ctypes.pythonapi.PyBytes_FromStringAndSize
+_bytes_of_size.restype = ctypes.py_object
+_bytes_of_size.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def fresh_bytes(nbytes: int) -> tuple[bytes, npt.NDArray[np.uint8]]:
+    """A new `bytes` of `nbytes` whose contents are not yet written, and a uint8 array over it
+    for the copy that fills it (through its address: the array itself is read-only).
+
+    A get of a bytes value must return `bytes`; copying into a buffer and then into `bytes`
+    doubled the loop's work per large get (a 1 MiB copy on the loop for every pmem hit). The
+    object is CPython's own (``PyBytes_FromStringAndSize(NULL, n)``, as `bytes` methods make
+    theirs) and is written before anything else sees it: the tier hands it out only once the
+    copy into it has ended and matched its checksum, else drops it.
+    """
+    fresh: bytes = _bytes_of_size(None, nbytes)
+    return fresh, np.frombuffer(fresh, dtype=np.uint8)
 
 
 class BufferRecycler:

@@ -37,9 +37,11 @@ overlaps a `delete` or overwrite of its key holds the old allocation until its c
 (reader count), so it returns the whole old object, never reused memory.
 
 Buffers: `put` copies the payload before it returns (a cancelled put's copy may still be
-reading it; the tier keeps it referenced until then); `get` returns a writable `memoryview` of a
-numpy buffer that the caller owns, not zero-filled, from `_buffers.BufferRecycler` for results of
-64 KiB or more (its memory is reused only once nothing refers to the result any more).
+reading it; the tier keeps it referenced until then); `get` returns what the caller owns: for a
+bytes value the `bytes` object itself, copied into straight from the pool (`_buffers.fresh_bytes`:
+one copy, not one into a buffer and another into `bytes`); for a tensor a writable `memoryview`
+of a numpy buffer, not zero-filled, from `_buffers.BufferRecycler` for results of 64 KiB or more
+(its memory is reused only once nothing refers to the result any more).
 
 Format: new media (no file, an empty file, a device whose header area is zero) gets a new pool
 whatever ``format`` says; media that holds no usable tierkv pool (another file, a zero-filled
@@ -60,11 +62,14 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from tierkv.config import PmemTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.value import ObjectMeta, Payload, payload_view
-from tierkv.tiers._buffers import BufferRecycler
+from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
+from tierkv.tiers._buffers import BufferRecycler, fresh_bytes
 from tierkv.tiers._copythreads import CopyThreads
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.pmem import _pmemobj as pmemobj
@@ -352,20 +357,33 @@ class PmemTier(Tier):
             self._end()
 
         source, nbytes = obj.address + obj.payload_offset, obj.meta.nbytes
-        # a large get takes its result buffer only once its copy has a slot in the queue
-        take_out = functools.partial(self._results.take, nbytes)
+        # bytes values are copied straight into the `bytes` the caller gets, tensors into a
+        # recycled buffer; a large get takes it only once its copy has a slot in the queue
+        result: list[bytes] = []
+
+        def take_out() -> npt.NDArray[np.uint8]:
+            if obj.meta.kind is not ValueKind.BYTES:
+                return self._results.take(nbytes)
+            fresh, array = fresh_bytes(nbytes)
+            result.append(fresh)
+            return array
+
+        copied: memoryview | npt.NDArray[np.uint8] | None
         if nbytes < LARGE_COPY:
             try:
-                data = copy_out(take_out(), source, obj.payload_checksum, self._native)
+                copied = copy_out(take_out(), source, obj.payload_checksum, self._native)
             finally:
                 finish()
         elif self._native is None:
-            data = await self._copier().run(
+            copied = await self._copier().run(
                 lambda: functools.partial(copy_out, take_out(), source, obj.payload_checksum),
                 finish)
         else:
-            out = await self._queue().get(take_out, source, obj.payload_checksum, finish)
-            data = None if out is None else out.data
+            copied = await self._queue().get(take_out, source, obj.payload_checksum, finish)
+        data: Payload | None = None
+        if copied is not None:
+            data = result[0] if result else (copied.data if isinstance(copied, np.ndarray)
+                                             else copied)
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
