@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,25 @@ async def test_idle_objects_expire_in_the_background(tmp_path: Path) -> None:
         assert await kv.locate("busy") == "gpu"  # read every 25 ms: never idle for 50
         assert kv.stats()["engine"]["expired"] == 1
         assert await kv.get("idle") == b"i" * 3000
+
+
+async def test_concurrent_overwrites_of_large_objects_never_starve_a_put() -> None:
+    """Four tasks overwrite ten keys with objects of one to four slots in a four-slot tier:
+    every object fits the tier alone, so no put may give up, though keys held by puts in
+    progress cannot be evicted and a put can take the room a departure made for another."""
+    config = {"tiers": [{"name": "gpu", "kind": "gpu", "device": "cpu", "capacity": "256KiB",
+                         "slot_size": "64KiB", "ttl": "60s"}]}
+    rng = random.Random(1)
+    async with tierkv.open(config) as kv:
+        async def writer() -> None:
+            for _ in range(300):
+                key = f"k{rng.randrange(10)}"
+                value = os.urandom(rng.choice([100, 60_000, 130_000, 200_000]))
+                await kv.put(key, value)
+                got = await kv.get(key)
+                assert got is None or len(got) in (100, 60_000, 130_000, 200_000)
+                if rng.random() < 0.3:
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(writer() for _ in range(4)))
+        assert kv.stats()["engine"]["space_timeouts"] == 0

@@ -151,11 +151,11 @@ class _Table:
             raise self.error(key, "must be positive")
         return seconds
 
-    def size_or_off(self, key: str) -> int | None:
-        """A size, or ``None`` for "off" (the default)."""
-        if self._raw(key, "off") == "off":
+    def size_or_off(self, key: str, default: int | None = None) -> int | None:
+        """A size, or ``None`` for "off" (the default unless `default` is given)."""
+        if self._raw(key, "off" if default is None else default) == "off":
             return None
-        return self.size(key, 0)
+        return self.size(key, default or 0)
 
     def duration_or_off(self, key: str) -> float | None:
         """A duration, or ``None`` for "off" (the default)."""
@@ -205,6 +205,8 @@ def _parse(document: Mapping[str, Any]) -> Config:
     scheduler = SchedulerConfig(
         scheduler_table.choice("policy", EvictionPolicy, EvictionPolicy.LRU),
         migration_bandwidth=scheduler_table.size_or_off("migration_bandwidth"),
+        background_bandwidth=scheduler_table.size_or_off(
+            "background_bandwidth", scheduler_defaults.background_bandwidth),
         migration_concurrency=scheduler_table.integer(
             "migration_concurrency", scheduler_defaults.migration_concurrency, low=1, high=1024),
         eviction_batch=scheduler_table.integer(

@@ -27,6 +27,9 @@ NVME_SUPERBLOCK = SUPERBLOCK_SIZE
 #: default free-space watermarks of the tiers the engine evicts from (fractions of capacity)
 DEFAULT_FREE_LOW = 0.05
 DEFAULT_FREE_HIGH = 0.10
+#: default pace of the moves no write waits for: 1 GiB/s (docs/benchmarks.md: L1 get p99
+#: while they run)
+DEFAULT_BACKGROUND_BANDWIDTH = 1 << 30
 #: the highest free-space watermark a tier accepts
 MAX_WATERMARK = 0.9
 
@@ -114,8 +117,11 @@ SQ_POLL_MAX = 10.0
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     policy: EvictionPolicy = EvictionPolicy.LRU
-    #: bytes per second all background moves together may copy; None: unlimited
+    #: bytes per second all moves between tiers together may copy; None: unlimited
     migration_bandwidth: int | None = None
+    #: bytes per second the moves no write waits for (expiry, promotion on hit) may copy, so
+    #: that they never crowd out foreground calls; None: unlimited
+    background_bandwidth: int | None = DEFAULT_BACKGROUND_BANDWIDTH
     #: background moves in flight at once
     migration_concurrency: int = 8
     #: victims an evictor takes from the policy at a time

@@ -16,10 +16,9 @@ class ByteBudget:
     def __init__(self, rate: int | None) -> None:
         self.rate = rate
         self._clock = 0.0
-        self.taken = 0
 
     async def take(self, nbytes: int) -> None:
-        self.taken += nbytes
+        """Wait for `nbytes` of budget (callers skip the call when `rate` is ``None``)."""
         if self.rate is None:
             return
         now = asyncio.get_running_loop().time()

@@ -20,7 +20,6 @@ from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
 from tierkv.errors import DeviceError, TierFullError, TierKVError
 from tierkv.formats.value import ObjectMeta, Payload
-from tierkv.tiers.base import ZeroCopyPinning
 
 log = logging.getLogger("tierkv.engine")
 
@@ -52,8 +51,8 @@ class CopyOps:
         as `read` would). Where the tier lends host memory (the gpu tier's slots on the CPU) it
         is a view of that memory, pinned for the duration, so a move copies its bytes once, off
         the loop where the target copies on worker threads; elsewhere a `read` copy."""
-        device = self._st.tiers[tier]
-        if isinstance(device, ZeroCopyPinning) and await device.contains(entry.key):
+        device = self._st.pinning[tier]
+        if device is not None and await device.contains(entry.key):
             token, view = device.acquire_pin(entry.key)
             if view.device.type == "cpu":
                 try:

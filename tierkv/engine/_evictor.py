@@ -44,13 +44,13 @@ class Evictor:
             while not st.closing:
                 need = space.to_free()
                 if need <= 0:
-                    if not (space.waiting and space.leaving == 0):
-                        break
+                    if not (space.waiting and space.leaving == 0) or space.wake_fitting():
+                        break  # enough is free or leaving; or room for a waiting writer now
                     need = 1  # a waiting write wants a contiguous run the byte count hides
                 plans = st.scheduler.departures(self._tier, batch, self.protected,
                                                 st.index.get)
                 if not plans:
-                    if space.leaving == 0:
+                    if space.leaving == 0 and not self._room_coming():
                         space.starve()
                     break
                 for plan in plans:
@@ -58,6 +58,19 @@ class Evictor:
                     need -= st.tiers[self._tier].footprint(plan.nbytes)
                     if need <= 0:
                         break
+
+    def _room_coming(self) -> bool:
+        """Whether space may be freed without a plan: a janitor will delete orphans, or an
+        operation in progress holds a key with a copy here (an overwrite deletes it, and once
+        let go of it can be moved out: the release cues this evictor)."""
+        st = self._st
+        if st.keys.cleaning:
+            return True
+        for key in st.keys.busy_keys():
+            entry = st.index.get(key)
+            if entry is not None and self._tier in entry.locations:
+                return True
+        return False
 
     def _start(self, plan: Departure) -> None:
         st = self._st
@@ -72,4 +85,4 @@ class Evictor:
             space.leaving -= footprint
             space.cue.set()  # more to free, or waiters to starve
 
-        self._executor.submit(plan, done)
+        self._executor.submit(plan, done, background=False)

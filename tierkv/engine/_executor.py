@@ -1,17 +1,18 @@
 """The migration executor: plans run as background tasks, a bounded number at once.
 
-`submit` starts a task per plan and returns at once; at most `migration_concurrency` of them
-move data at a time (the rest wait their turn), and together they respect the byte budget
-(`_budget`). A task is never cancelled because some caller stopped waiting; `drain` waits for
-all of them (close). What each plan does is `_moves`; a failure is logged and counted, and the
-plan's object is set at the young end of its tier's policy so that the evictor tries other
-victims before it again.
+`submit` queues a plan and returns at once; `migration_concurrency` worker tasks take plans in
+the order they came and move data (together they respect the byte budget, `_budget`). A worker
+is never cancelled because some caller stopped waiting; `drain` waits until every plan submitted
+has ended (settle, close), `stop` ends the workers. What each plan does is `_moves`; a failure
+is logged and counted, and the plan's object is set at the young end of its tier's policy so
+that the evictor tries other victims before it again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from tierkv.engine._moves import Moves
@@ -26,31 +27,73 @@ Done = Callable[[bool], None]
 
 
 class MoveExecutor:
+    """A fixed set of `migration_concurrency` worker tasks taking plans from one queue, first
+    come first served (a task per plan cost more than many moves' own work on the loop)."""
+
     def __init__(self, state: EngineState, moves: Moves) -> None:
         self._st = state
         self._moves = moves
-        self._turns = asyncio.Semaphore(state.config.scheduler.migration_concurrency)
+        self._queue: deque[tuple[Plan, bool, Done | None]] = deque()
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._workers: list[asyncio.Task[None]] = []
+        #: plans submitted and not yet ended (queued or running)
         self.in_flight = 0
 
-    def submit(self, plan: Plan, done: Done | None = None) -> None:
-        """Run `plan` in the background; its entry must already be marked `moving`."""
-        self.in_flight += 1
-        self._st.spawn(self._run(plan, done))
+    def start(self) -> None:
+        count = self._st.config.scheduler.migration_concurrency
+        self._workers = [asyncio.get_running_loop().create_task(self._work())
+                         for _ in range(count)]
 
-    async def _run(self, plan: Plan, done: Done | None) -> None:
+    def submit(self, plan: Plan, done: Done | None = None, *, background: bool) -> None:
+        """Run `plan` in the background; its entry must already be marked `moving`.
+        `background`: no write waits for it (expiry, promotion): it is paced by
+        `background_bandwidth` too."""
+        self._queue.append((plan, background, done))
+        self.in_flight += 1
+        self._idle.clear()
+        self._ready.set()
+
+    async def drain(self) -> None:
+        """Wait until every plan submitted so far has ended."""
+        await self._idle.wait()
+
+    async def stop(self) -> None:
+        """Drain, then end the workers (close)."""
+        await self.drain()
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+    async def _work(self) -> None:
+        while True:
+            while not self._queue:
+                self._ready.clear()
+                await self._ready.wait()
+            plan, background, done = self._queue.popleft()
+            await self._run(plan, background, done)
+
+    async def _run(self, plan: Plan, background: bool, done: Done | None) -> None:
         st = self._st
         carried_out = failed = False
         try:
-            async with self._turns:
-                carried_out = await self._moves.run(plan)
+            carried_out = await self._moves.run(plan, background=background)
         except TierKVError as exc:
             failed = True
             st.counters.moves_failed += 1
             log.warning("moving an object failed, it stays where it was: %s", exc)
             tier = plan.source if isinstance(plan, Promote) else departs_from(plan)
             st.scheduler.accessed(tier, plan.key, st.now())
+        except Exception:  # a defect: keep the worker, say where
+            failed = True
+            st.counters.moves_failed += 1
+            log.exception("a move failed unexpectedly; the object stays where it was")
         finally:
             self.in_flight -= 1
+            if not self.in_flight:
+                self._idle.set()
             entry = st.index.get(plan.key)
             if entry is not None and entry.generation == plan.generation:
                 entry.moving = False

@@ -35,4 +35,4 @@ async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evict
                 if carried_out:
                     state.counters.expired += 1
 
-            executor.submit(plan, done)
+            executor.submit(plan, done, background=True)

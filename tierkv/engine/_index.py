@@ -131,7 +131,9 @@ class Index:
         return False
 
     def _track(self, entry: IndexEntry) -> None:
-        if any(self._persistent[tier] for tier in entry.locations):
-            self._volatile.pop(entry.key, None)
-        else:
-            self._volatile[entry.key] = entry
+        persistent = self._persistent
+        for tier in entry.locations:
+            if persistent[tier]:
+                self._volatile.pop(entry.key, None)
+                return
+        self._volatile[entry.key] = entry

@@ -17,9 +17,9 @@ that nothing would ever evict, and never deletes a copy a later operation wrote.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 #: deletes `key`'s copy from each tier of `dirty` that the index does not list, discarding each
@@ -46,10 +46,14 @@ class Claim:
 
 
 class KeyGate:
-    def __init__(self, scrub: Scrub, spawn: Spawn) -> None:
+    def __init__(self, scrub: Scrub, spawn: Spawn, released: Callable[[], None]) -> None:
         self._claims: dict[bytes, Claim] = {}
         self._scrub = scrub
         self._spawn = spawn
+        #: called whenever a key is let go of: its copies may be evictable again
+        self._released = released
+        #: janitors not yet done: copies they will delete take space no evictor can free
+        self.cleaning = 0
 
     def busy(self, key: bytes) -> bool:
         """Whether an operation holds or waits for `key` (or its cleanup is pending)."""
@@ -58,28 +62,80 @@ class KeyGate:
     def __len__(self) -> int:
         return len(self._claims)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, key: bytes) -> AsyncIterator[Claim]:
-        """Hold `key` for one operation, after the operations that asked before; scrubs first."""
+    def busy_keys(self) -> list[bytes]:
+        """The keys held or waited for now (few: one per operation in progress)."""
+        return list(self._claims)
+
+    def hold(self, key: bytes) -> _Hold:
+        """``async with gate.hold(key) as claim``: hold `key` for one operation, after the
+        operations that asked before; the key's dirty tiers are scrubbed first."""
+        return _Hold(self, key)
+
+    def _enter(self, key: bytes) -> Claim:
         claim = self._claims.get(key)
         if claim is None:
             claim = self._claims[key] = Claim()
         claim.users += 1
-        try:
-            async with claim.lock:
-                if claim.dirty:
-                    await self._scrub(key, claim.dirty)
-                yield claim
-        finally:
-            claim.users -= 1
-            if not claim.users:
-                if claim.dirty:
-                    # nobody else waits for the key: clean up in the background; the claim stays
-                    # (the key counts as busy) so that whoever comes next scrubs first
-                    self._spawn(self._janitor(key))
-                else:
-                    del self._claims[key]
+        return claim
+
+    def _leave(self, key: bytes, claim: Claim) -> None:
+        claim.users -= 1
+        if not claim.users:
+            if claim.dirty:
+                # nobody else waits for the key: clean up in the background; the claim stays
+                # (the key counts as busy) so that whoever comes next scrubs first
+                self.cleaning += 1
+                self._spawn(self._janitor(key))
+            else:
+                del self._claims[key]
+                self._released()
 
     async def _janitor(self, key: bytes) -> None:
-        async with self.hold(key):
-            pass
+        try:
+            async with self.hold(key):
+                pass
+        finally:
+            self.cleaning -= 1
+
+
+class _Hold:
+    """The async context of `KeyGate.hold`: the key's lock entered and left through the lock's
+    own context protocol, by the same task (a class rather than a generator: every put, delete
+    and move enters one)."""
+
+    __slots__ = ("_claim", "_gate", "_key", "_locked")
+
+    def __init__(self, gate: KeyGate, key: bytes) -> None:
+        self._gate = gate
+        self._key = key
+        self._claim: Claim | None = None
+        self._locked = False
+
+    async def __aenter__(self) -> Claim:
+        gate, key = self._gate, self._key
+        claim = self._claim = gate._enter(key)
+        try:
+            await claim.lock.__aenter__()
+            self._locked = True
+            if claim.dirty:
+                await gate._scrub(key, claim.dirty)
+        except BaseException:
+            await self._exit(None, None, None)
+            raise
+        return claim
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, traceback: TracebackType | None) -> None:
+        await self._exit(exc_type, exc, traceback)
+
+    async def _exit(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                    traceback: TracebackType | None) -> None:
+        claim = self._claim
+        assert claim is not None
+        self._claim = None
+        try:
+            if self._locked:
+                self._locked = False
+                await claim.lock.__aexit__(exc_type, exc, traceback)
+        finally:
+            self._gate._leave(self._key, claim)

@@ -26,11 +26,16 @@ class Moves:
         self._st = state
         self._copies = copies
 
-    async def run(self, plan: Plan) -> bool:
-        """Carry out `plan`; False if it was discarded (the object changed or was busy)."""
+    async def run(self, plan: Plan, *, background: bool) -> bool:
+        """Carry out `plan`; False if it was discarded (the object changed or was busy).
+        A copy waits for its bytes in the budgets first: every move's in `budget`, a
+        `background` one's (no write waits for it) in `background_budget` too."""
         st = self._st
         if isinstance(plan, Demote | Promote):
-            await st.budget.take(plan.nbytes)
+            if background and st.background_budget.rate is not None:
+                await st.background_budget.take(plan.nbytes)
+            if st.budget.rate is not None:
+                await st.budget.take(plan.nbytes)
         entry = st.index.get(plan.key)
         if entry is None or entry.generation != plan.generation or st.keys.busy(plan.key):
             return False

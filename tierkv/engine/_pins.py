@@ -30,8 +30,8 @@ class Pins:
         self.counts: dict[bytes, int] = {}
 
     def _first(self) -> ZeroCopyPinning:
-        first = self._st.tiers[0]
-        if not isinstance(first, ZeroCopyPinning):
+        first = self._st.pinning[0]
+        if first is None:
             raise TierKVError("pin needs a gpu tier first in the hierarchy")
         return first
 

@@ -75,7 +75,7 @@ class Reads:
         plan = st.scheduler.on_hit(entry, tier)
         if plan is not None:
             entry.moving = True
-            self._executor.submit(plan)
+            self._executor.submit(plan, background=True)
 
     async def get_many(self, keys: Sequence[bytes]) -> list[Found | None]:
         """`get` of every key, in order: first-tier hits inline, the rest with at most the lower

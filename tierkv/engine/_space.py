@@ -21,8 +21,15 @@ from tierkv.tiers.base import Tier
 
 @dataclass(slots=True, eq=False)
 class _Waiter:
+    nbytes: int
     footprint: int
-    woken: asyncio.Future[bool]  # True: space was freed, try again; False: starved
+    #: True: space was freed, try again; False: starved; None: the deadline passed
+    woken: asyncio.Future[bool | None]
+
+
+def _expire(woken: asyncio.Future[bool | None]) -> None:
+    if not woken.done():
+        woken.set_result(None)
 
 
 class TierSpace:
@@ -74,18 +81,40 @@ class TierSpace:
             self.cue.set()
 
     def freed(self) -> None:
-        """A copy left the tier: writers waiting for room try again."""
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
+        """A copy left the tier: the writers waiting longest try again, in the order they came,
+        as many as the free space can hold (at least one). Waking them all made every departure
+        cost a futile retry per writer waiting."""
+        room = self.free
+        woke = False
+        while self._waiters:
+            waiter = self._waiters[0]
             if not waiter.woken.done():
+                if woke and waiter.footprint > room:
+                    break
                 waiter.woken.set_result(True)
+                woke = True
+                room -= waiter.footprint
+            self._waiters.pop(0)
+
+    def wake_fitting(self) -> bool:
+        """Wake every waiting writer whose object fits now, in the order they came (a write
+        that took the room a departure made for one writer can leave another waiting while
+        enough is free for it); whether any was woken."""
+        woke = False
+        for waiter in self._waiters:
+            if not waiter.woken.done() and self.tier.fits(waiter.nbytes):
+                waiter.woken.set_result(True)
+                woke = True
+        self._waiters = [w for w in self._waiters if not w.woken.done()]
+        return woke
 
     def starve(self) -> None:
-        """The evictor can move nothing out: waiting writers give up on this tier."""
+        """The evictor can move nothing out: waiting writers whose object fits try again, the
+        others give up on this tier."""
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.woken.done():
-                waiter.woken.set_result(False)
+                waiter.woken.set_result(self.tier.fits(waiter.nbytes))
 
     def close(self) -> None:
         """The engine is closing: waiting writers fail with `EngineClosedError`."""
@@ -105,19 +134,26 @@ class TierSpace:
         loop = asyncio.get_running_loop()
         if deadline <= loop.time():
             raise self._full(nbytes)
-        waiter = _Waiter(self.tier.footprint(nbytes), loop.create_future())
+        waiter = _Waiter(nbytes, self.tier.footprint(nbytes), loop.create_future())
         self._waiters.append(waiter)
         self.cue.set()
+        # a timer that resolves the future, not `wait_for` (on 3.11 it returns the result of a
+        # future that completed as the caller was cancelled, swallowing the cancellation) nor
+        # `asyncio.timeout` (its bookkeeping cost more than the wait, per retry)
+        timer = loop.call_at(deadline, _expire, waiter.woken)
         try:
-            # not `wait_for`: on 3.11 it returns the result of a future that completed as the
-            # caller was cancelled, swallowing the cancellation
-            async with asyncio.timeout_at(deadline):
-                return await waiter.woken
-        except TimeoutError:
-            raise self._full(nbytes) from None
+            woken = await waiter.woken
+        except asyncio.CancelledError:
+            if waiter.woken.done() and not waiter.woken.cancelled() and waiter.woken.result():
+                self.freed()  # woken as it was cancelled: pass the room on to the next writer
+            raise
         finally:
+            timer.cancel()
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
+        if woken is None:
+            raise self._full(nbytes)
+        return woken
 
     def _full(self, nbytes: int) -> TierFullError:
         return TierFullError(f"tier {self.tier.name!r}: no room for {nbytes} bytes within "

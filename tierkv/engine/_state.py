@@ -22,7 +22,7 @@ from tierkv.engine._space import TierSpace
 from tierkv.engine.stats import EngineCounters
 from tierkv.errors import EngineClosedError
 from tierkv.scheduler import Scheduler
-from tierkv.tiers.base import Tier
+from tierkv.tiers.base import Tier, ZeroCopyPinning
 
 log = logging.getLogger("tierkv.engine")
 
@@ -32,14 +32,19 @@ class EngineState:
         self.config = config
         self.tiers = tiers
         self.names = tuple(tier.name for tier in tiers)
+        #: each tier as `ZeroCopyPinning` where it is one (checked once: a runtime protocol check
+        #: costs tens of microseconds, and moves out of the gpu tier ask on every move)
+        self.pinning: tuple[ZeroCopyPinning | None, ...] = tuple(
+            tier if isinstance(tier, ZeroCopyPinning) else None for tier in tiers)
         self.scheduler = Scheduler(tiers, config.scheduler)
         self.index = Index([tier.persistent for tier in tiers], self.scheduler)
         self.counters = EngineCounters()
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)
+        self.background_budget = ByteBudget(config.scheduler.background_bandwidth)
         self.tasks: set[asyncio.Task[None]] = set()
         #: the cleanup of cancelled writes (`CopyOps.scrub`), installed by the engine
         self.scrub: Scrub | None = None
-        self.keys = KeyGate(self._scrub, self.spawn)
+        self.keys = KeyGate(self._scrub, self.spawn, self._released)
         self.spaces = tuple(
             TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
             for tier, tier_config in zip(tiers, config.tiers, strict=True)
@@ -61,6 +66,13 @@ class EngineState:
     async def _scrub(self, key: bytes, dirty: set[int]) -> None:
         assert self.scrub is not None, "the engine installs the scrub before any operation"
         await self.scrub(key, dirty)
+
+    def _released(self) -> None:
+        """A key was let go of: its copies may be moved out again, so the evictors of tiers
+        that writers wait for look once more."""
+        for space in self.spaces:
+            if space.waiting:
+                space.cue.set()
 
     def check_open(self) -> None:
         if self.closing:

@@ -82,6 +82,7 @@ class Engine:
         st = self._st
         await open_tiers(st)
         self._closed = False
+        self._executor.start()
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
             if st.spaces[index].watermarks is not None:
@@ -115,9 +116,11 @@ class Engine:
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
-            await st.drain_tasks()  # moves and cleanups already started
+            await self._executor.drain()  # moves already planned
+            await st.drain_tasks()  # cleanups of cancelled operations
             await self._flusher.flush()
             await st.drain_tasks()
+            await self._executor.stop()
         finally:
             for tier in self.tiers:
                 await tier.close()
@@ -218,7 +221,9 @@ class Engine:
         async with self._call():
             while True:
                 await asyncio.sleep(0)  # a turn of the loop for evictors holding a fresh cue
-                if st.tasks:
+                if self._executor.in_flight:
+                    await self._executor.drain()
+                elif st.tasks:
                     await st.drain_tasks()
                 elif not any(space.cue.is_set() for space in st.spaces):
                     return
@@ -246,7 +251,6 @@ class Engine:
             unflushed=st.index.unflushed,
             pinned=len(self._pins.counts),
             moves_in_flight=self._executor.in_flight,
-            migration_bytes_budgeted=st.budget.taken,
             group_commits={self.tiers[i].name: {"flushes": c.flushes, "requests": c.requests}
                            for i, c in enumerate(st.commits) if self.tiers[i].persistent},
             write_policy=self.config.engine.write_policy.value,

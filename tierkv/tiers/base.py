@@ -216,3 +216,7 @@ class ZeroCopyPinning(Protocol):
     def is_pinned(self, key: bytes) -> bool:
         """Whether the current object under `key` has a live pin."""
         ...
+
+    async def contains(self, key: bytes) -> bool:
+        """As `Tier.contains`."""
+        ...
