@@ -32,6 +32,7 @@ from typing import Any
 from tierkv.bench.common import Progress, Row, drive, memcpy_seconds, no_progress, percentile
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig
 from tierkv.engine import Engine, open
+from tierkv.tiers.gpu import resolve_device
 
 MiB = 1 << 20
 TASKS = 8
@@ -119,7 +120,7 @@ async def bandwidth(config: Config, *, quick: bool = False, repeats: int = 3,
     rows: list[Row] = []
     if places.device is not None:
         gpu = {"tiers": [_gpu(places.device, count * MiB * 5 // 4)]}
-        label = f"gpu tier on {places.device}"
+        label = f"gpu tier on {resolve_device(places.device)}"
         rows += await _bandwidth_case(label, gpu, count, repeats=repeats, targets=(0.7, 0.7),
                                       progress=progress)
     if places.pmem_dir is not None:

@@ -66,7 +66,8 @@ class Engine:
         self._pins = Pins(st, copies)
         self._evictors = [Evictor(st, i, self._executor) for i in range(len(self.tiers))]
         self._evictors[0].protect_pins(self._pins.counts)
-        self._background: list[asyncio.Task[None]] = []
+        self._evictor_tasks: list[asyncio.Task[None]] = []
+        self._expiry: asyncio.Task[None] | None = None
         self._one_call = _Call(st)
         self._closed = True  # until `_start` has opened the tiers
         first = config.tiers[0]
@@ -86,12 +87,12 @@ class Engine:
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
             if st.spaces[index].watermarks is not None:
-                self._background.append(asyncio.create_task(self._evictors[index].run()))
+                self._evictor_tasks.append(asyncio.create_task(self._evictors[index].run()))
                 st.spaces[index].cue.set()  # a recovered tier may start above its watermark
         first = self.config.tiers[0]
         if isinstance(first, GpuTierConfig):
-            self._background.append(asyncio.create_task(
-                expire_idle(st, self._executor, self._evictors[0], first.ttl)))
+            self._expiry = asyncio.create_task(
+                expire_idle(st, self._executor, self._evictors[0], first.ttl))
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
@@ -107,21 +108,27 @@ class Engine:
         st = self._st
         if self._closed:
             return
-        self._closed = True
-        st.closing = True
-        for space in st.spaces:
-            space.close()
+        self._closed = True  # new calls are refused from here on
         try:
-            await st.quiet.wait()  # public calls in progress end (waits for room fail now)
-            for task in self._background:
-                task.cancel()
-            await asyncio.gather(*self._background, return_exceptions=True)
+            # calls in progress end; the evictors still run, so writes waiting for room get it
+            await st.quiet.wait()
+            if self._expiry is not None:
+                self._expiry.cancel()
+                await asyncio.gather(self._expiry, return_exceptions=True)
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
-            await self._flusher.flush()
+            await self._flusher.flush()  # may wait for room below: the evictors still run
+            await self._executor.drain()
             await st.drain_tasks()
-            await self._executor.stop()
         finally:
+            st.closing = True
+            for space in st.spaces:
+                space.close()
+            background = [*self._evictor_tasks, *([self._expiry] if self._expiry else [])]
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._executor.stop()
             for tier in self.tiers:
                 await tier.close()
 
