@@ -1,4 +1,5 @@
-"""Bounded fan-out: run a coroutine function over many items with a fixed number in flight."""
+"""Concurrency helpers: bounded fan-out over many items, and waiting out work that must finish
+whatever happens to the caller."""
 
 from __future__ import annotations
 
@@ -43,3 +44,20 @@ async def bounded_map(function: Callable[[T], Awaitable[R]], items: Sequence[T],
         await asyncio.gather(*workers, return_exceptions=True)
         raise
     return cast("list[R]", results)  # every slot was filled
+
+
+async def outlive_cancel(work: Awaitable[T]) -> T:
+    """The result of `work` (a transfer using a buffer, a release of resources), waited for to
+    its end even when the caller is cancelled meanwhile; the cancellation is raised after it."""
+    future = asyncio.ensure_future(work)
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait({future})
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    return future.result()

@@ -92,7 +92,8 @@ def open_device(config: NvmeTierConfig) -> Device:
 
 def _open(path: Path, flags: int) -> int | None:
     try:
-        return os.open(path, flags, 0o644)
+        # the log holds every tenant's data: readable by its owner only
+        return os.open(path, flags, 0o600)
     except OSError as exc:
         if exc.errno == errno.EINVAL and flags & os.O_DIRECT:
             return None

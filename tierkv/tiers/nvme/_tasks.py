@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Set
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 def spawn(work: Coroutine[Any, Any, None], tasks: set[asyncio.Task[None]],
@@ -38,20 +36,3 @@ async def settle(tasks: Set[asyncio.Task[None]]) -> None:
     """
     while tasks:
         await asyncio.wait(set(tasks))
-
-
-async def finish(work: Coroutine[Any, Any, T]) -> T:
-    """Run `work` to its end even if the caller is cancelled meanwhile; a cancellation is
-    re-raised once it is over (for releasing what background work was still using)."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller gets
-        raise asyncio.CancelledError
-    return task.result()

@@ -86,6 +86,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from tierkv._concurrency import outlive_cancel
 from tierkv._platform import io_uring_available, o_direct_supported
 from tierkv.config import NvmeTierConfig, TierKind
 from tierkv.errors import ConfigError, DeviceError, TierFullError
@@ -105,7 +106,7 @@ from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import Region, RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
-from tierkv.tiers.nvme._tasks import finish, settle
+from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
 
 #: bytes reserved for the object header when sizing an object before its header exists
@@ -172,7 +173,7 @@ class NvmeTier(Tier):
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
             st.pool.warm(self.config.region_size, 1 + SEALS_IN_FLIGHT)
         except BaseException:
-            await finish(self._release())
+            await outlive_cancel(self._release())
             if device.created:
                 with contextlib.suppress(OSError):
                     os.unlink(device.path)
@@ -202,7 +203,7 @@ class NvmeTier(Tier):
                         self._st.counters["checkpoint_skipped"] += 1
                         log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
         finally:
-            await finish(self._release())
+            await outlive_cancel(self._release())
 
     async def _flush_at_close(self) -> bool:
         """Flush; after a failure once more. True when a flush succeeded.

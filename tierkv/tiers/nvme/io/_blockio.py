@@ -16,12 +16,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from tierkv.errors import DeviceError
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
-
-T = TypeVar("T")
 
 
 class BlockIO(Protocol):
@@ -57,22 +55,6 @@ def device_error(op: str, path: str, code: int, offset: int) -> DeviceError:
 
 def end_of_device(op: str, path: str, offset: int) -> DeviceError:
     return device_error(op, path, errno.EIO, offset)
-
-
-async def outlive_cancel(future: asyncio.Future[T]) -> T:
-    """The result of `future` (a transfer using a buffer), waited for to its end even when the
-    caller is cancelled meanwhile; the cancellation is raised after it."""
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait({future})
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        if not future.cancelled():
-            future.exception()  # retrieved: the cancellation is what the caller gets
-        raise asyncio.CancelledError
-    return future.result()
 
 
 async def fdatasync(fd: int, path: str) -> None:

@@ -15,8 +15,9 @@ import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from tierkv._concurrency import outlive_cancel
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
-from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync, outlive_cancel
+from tierkv.tiers.nvme.io._blockio import device_error, end_of_device, fdatasync
 
 _MAX_WORKERS = 16
 
