@@ -20,7 +20,7 @@ import tierkv
 from tests.engine._engine_writer import value_of
 from tests.engine.test_hierarchy import hierarchy
 
-pytestmark = [pytest.mark.crash, pytest.mark.pmem]
+pytestmark = pytest.mark.crash
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,7 +49,9 @@ def run_and_kill(directory: Path, policy: str, with_pmem: bool, acks: int) -> se
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-@pytest.mark.parametrize("with_pmem", [False, True], ids=["gpu-nvme", "gpu-pmem-nvme"])
+@pytest.mark.parametrize("with_pmem", [pytest.param(False, id="gpu-nvme"),
+                                       pytest.param(True, id="gpu-pmem-nvme",
+                                                    marks=pytest.mark.pmem)])
 async def test_acknowledged_objects_survive_sigkill(
     tmp_path: Path, policy: str, with_pmem: bool
 ) -> None:

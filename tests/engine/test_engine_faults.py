@@ -9,12 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 import tierkv
 from tests.engine.test_hierarchy import hierarchy
-
-pytestmark = pytest.mark.pmem
 
 
 async def test_nvme_read_failure_is_a_counted_miss(tmp_path: Path) -> None:

@@ -20,8 +20,6 @@ from hypothesis.stateful import rule
 import tierkv
 from tests.engine.test_engine_state_machine import KEYS, ModelMachine, same
 
-pytestmark = pytest.mark.pmem
-
 
 def hierarchy(
     tmp: Path, *, pmem: bool = True, write_policy: str = "write_back", gpu_capacity: str = "16KiB"
@@ -53,7 +51,9 @@ def hierarchy(
     return {"engine": {"write_policy": write_policy}, "tiers": tiers}
 
 
-@pytest.mark.parametrize("with_pmem", [False, True], ids=["gpu-nvme", "gpu-pmem-nvme"])
+@pytest.mark.parametrize("with_pmem", [pytest.param(False, id="gpu-nvme"),
+                                       pytest.param(True, id="gpu-pmem-nvme",
+                                                    marks=pytest.mark.pmem)])
 async def test_l1_evictions_are_demoted_and_served_below(tmp_path: Path, with_pmem: bool) -> None:
     values = {f"k{i}": os.urandom(3000) for i in range(12)}
     async with tierkv.open(hierarchy(tmp_path, pmem=with_pmem)) as kv:
@@ -69,6 +69,7 @@ async def test_l1_evictions_are_demoted_and_served_below(tmp_path: Path, with_pm
         assert stats["hits"].get(below, 0) >= 8
 
 
+@pytest.mark.pmem
 async def test_chain_demotes_from_pmem_to_nvme(tmp_path: Path) -> None:
     config = hierarchy(tmp_path)
     config["tiers"][1]["capacity"] = "8MiB"  # the smallest pool PMDK accepts
@@ -82,6 +83,7 @@ async def test_chain_demotes_from_pmem_to_nvme(tmp_path: Path) -> None:
             assert await kv.get(f"big{i}") == value
 
 
+@pytest.mark.pmem
 async def test_clean_close_and_reopen_is_warm(tmp_path: Path) -> None:
     values = {f"k{i}": os.urandom(2000 + i) for i in range(20)}
     tensor = torch.randn(64, 8)
@@ -97,6 +99,7 @@ async def test_clean_close_and_reopen_is_warm(tmp_path: Path) -> None:
         assert await kv.locate("k19") in ("pmem", "nvme")
 
 
+@pytest.mark.pmem
 async def test_flush_is_a_barrier(tmp_path: Path) -> None:
     async with tierkv.open(hierarchy(tmp_path, gpu_capacity="1MiB")) as kv:
         await kv.put("k", b"durable")
@@ -107,6 +110,7 @@ async def test_flush_is_a_barrier(tmp_path: Path) -> None:
         assert await kv.locate("k") == "gpu"  # still hot in L1, now with a durable copy
 
 
+@pytest.mark.pmem
 async def test_unflushed_counts_objects_without_a_persistent_copy(tmp_path: Path) -> None:
     async with tierkv.open(hierarchy(tmp_path)) as kv:
         for i in range(3):
@@ -123,6 +127,7 @@ async def test_unflushed_counts_objects_without_a_persistent_copy(tmp_path: Path
         assert kv.stats()["engine"]["unflushed"] == 1
 
 
+@pytest.mark.pmem
 async def test_write_through_puts_a_persistent_copy(tmp_path: Path) -> None:
     async with tierkv.open(
         hierarchy(tmp_path, write_policy="write_through", gpu_capacity="1MiB")
@@ -132,6 +137,7 @@ async def test_write_through_puts_a_persistent_copy(tmp_path: Path) -> None:
         assert await kv.get("k") == b"v" * 100
 
 
+@pytest.mark.pmem
 async def test_invalidated_objects_stay_gone_after_restart(tmp_path: Path) -> None:
     async with tierkv.open(hierarchy(tmp_path)) as kv:
         for i in range(10):
@@ -145,6 +151,7 @@ async def test_invalidated_objects_stay_gone_after_restart(tmp_path: Path) -> No
         assert await kv.get("k5") is not None
 
 
+@pytest.mark.pmem
 async def test_rewrite_after_flush_keeps_only_the_new_value(tmp_path: Path) -> None:
     async with tierkv.open(hierarchy(tmp_path)) as kv:
         await kv.put("k", b"old" * 1000)
@@ -154,6 +161,7 @@ async def test_rewrite_after_flush_keeps_only_the_new_value(tmp_path: Path) -> N
         assert await kv.get("k") == b"new" * 1000
 
 
+@pytest.mark.pmem
 async def test_pin_promotes_from_a_lower_tier(tmp_path: Path) -> None:
     async with tierkv.open(hierarchy(tmp_path)) as kv:
         await kv.put("p", torch.arange(100, dtype=torch.int64))
@@ -165,6 +173,7 @@ async def test_pin_promotes_from_a_lower_tier(tmp_path: Path) -> None:
             assert torch.equal(handle.value, torch.arange(100, dtype=torch.int64))
 
 
+@pytest.mark.pmem
 async def test_concurrent_gets_across_tiers(tmp_path: Path) -> None:
     values = {f"k{i}": os.urandom(3500) for i in range(24)}
     async with tierkv.open(hierarchy(tmp_path)) as kv:
@@ -213,7 +222,7 @@ class HierarchyMachine(ModelMachine):
         self.directory.cleanup()
 
 
-TestHierarchyMachine = HierarchyMachine.TestCase
+TestHierarchyMachine = pytest.mark.pmem(HierarchyMachine.TestCase)
 TestHierarchyMachine.settings = settings(
     max_examples=15,
     stateful_step_count=30,
