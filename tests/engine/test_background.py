@@ -9,6 +9,7 @@ write-through puts share flushes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -178,3 +179,30 @@ async def test_concurrent_overwrites_of_large_objects_never_starve_a_put() -> No
 
         await asyncio.gather(*(writer() for _ in range(4)))
         assert kv.stats()["engine"]["space_timeouts"] == 0
+
+
+@pytest.mark.pmem
+async def test_get_many_keeps_at_most_the_queue_depth_in_flight(tmp_path: Path) -> None:
+    config = {"tiers": [{"name": "pmem", "kind": "pmem", "path": str(tmp_path / "tierkv.pool"),
+                         "capacity": "64MiB", "queue_depth": 4}]}
+    values = {f"k{i}": os.urandom(70_000) for i in range(600)}  # copied off the loop each
+    async with tierkv.open(config) as kv:
+        for key, value in values.items():
+            await kv.put(key, value)
+        tasks_before = len(asyncio.all_tasks())
+        peak_tasks = 0
+
+        async def watch() -> None:
+            nonlocal peak_tasks
+            while True:
+                peak_tasks = max(peak_tasks, len(asyncio.all_tasks()) - tasks_before)
+                await asyncio.sleep(0)
+
+        watcher = asyncio.ensure_future(watch())
+        got = await kv.get_many([*values, "missing"])
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        assert got[:-1] == list(values.values()) and got[-1] is None
+        assert kv.stats()["tiers"]["pmem"]["copies_in_flight_max"] <= 4
+        assert peak_tasks <= 40  # a few workers, not one task per key
