@@ -80,4 +80,6 @@ async def test_pin_is_zero_copy_and_survives_delete(tier: GpuTier) -> None:
         await tier.put(bytes([i]), meta(SLOT), memoryview(bytes([i]) * SLOT))
     assert view.view(torch.int32)[0] == 99
     tier.release_pin(token)
+    assert tier.used == 8 * SLOT  # the view lent by the pin is alive: its slot stays reserved
+    del view
     assert tier.used == 7 * SLOT

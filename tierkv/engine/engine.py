@@ -86,6 +86,7 @@ class Engine:
         self._executor.start()
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
+            tier.set_space_listener(st.spaces[index].freed)
             if st.spaces[index].watermarks is not None:
                 self._evictor_tasks.append(asyncio.create_task(self._evictors[index].run()))
                 st.spaces[index].cue.set()  # a recovered tier may start above its watermark

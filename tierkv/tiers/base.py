@@ -80,11 +80,22 @@ class Tier(ABC):
         self.name = name
         self.state = TierState.CREATED
         self._drop_listener: DropListener | None = None
+        self._space_listener: Callable[[], None] | None = None
 
     def set_drop_listener(self, listener: DropListener | None) -> None:
         """Call `listener(keys)` whenever the tier drops keys on its own (see the module
         docstring); at most one listener, ``None`` removes it."""
         self._drop_listener = listener
+
+    def set_space_listener(self, listener: Callable[[], None] | None) -> None:
+        """Call `listener()` whenever space is freed other than by a `delete` returning (a
+        pinned or lent allocation freed when its last pin or view goes): writers waiting for
+        room learn of it."""
+        self._space_listener = listener
+
+    def _space_freed(self) -> None:
+        if self._space_listener is not None:
+            self._space_listener()
 
     def _dropped(self, keys: Sequence[bytes]) -> None:
         """Report keys the tier dropped on its own; subclasses call it as they drop them."""

@@ -11,7 +11,9 @@ tier is ordered on that one stream, a slot freed while a read of it is still que
 overwritten before the read completes. On ``cpu`` the copies are plain memcpys done inline.
 
 Pins (`ZeroCopyPinning`): a pinned allocation is lent out as a tensor view of the slot memory; it is
-not freed while any pin holds it, even when its key is deleted or overwritten meanwhile.
+not freed while any pin holds it, even when its key is deleted or overwritten meanwhile, nor while
+any tensor over the view is alive after its pin was released (`_lending`): a view kept past its
+pin keeps reading the object it was lent for, never the next one in those slots.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +36,7 @@ from tierkv.errors import TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier
+from tierkv.tiers.gpu._lending import lend
 from tierkv.tiers.gpu._slots import SlotAllocator
 
 #: memory of dropped tensor results kept for reuse on the CPU device (`_buffers`)
@@ -43,13 +47,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True, eq=False)
 class _Allocation:
-    """Slots held by one object; `pins` > 0 keeps them from being freed."""
+    """Slots held by one object; live `pins` or lent `views` keep them from being freed."""
 
     start: int
     count: int
     meta: ObjectMeta
     pins: int = 0
-    detached: bool = False  # its key was deleted or overwritten while pinned
+    views: int = 0  # tensors lent out by pins that are still alive somewhere (`_lending`)
+    detached: bool = False  # its key was deleted or overwritten while pinned or viewed
+    freed: bool = False
 
 
 def resolve_device(name: str) -> torch.device:
@@ -100,9 +106,8 @@ class GpuTier(Tier):
             await self._wait(self._record())
         if self._waiter is not None:
             self._waiter.shutdown(wait=True)
-        if self._host is not None:
-            self._host.release()
-            self._host = None
+        # not released: a view lent by a pin may outlive the tier, and keeps its memory alive
+        self._host = None
         self._objects.clear()
         self._storage = torch.empty(0, dtype=torch.uint8)
 
@@ -187,24 +192,44 @@ class GpuTier(Tier):
         return iter(list(self._objects))
 
     def _drop(self, allocation: _Allocation) -> None:
-        if allocation.pins:
-            allocation.detached = True
-        else:
+        allocation.detached = True
+        self._free_if_unused(allocation)
+
+    def _free_if_unused(self, allocation: _Allocation) -> None:
+        if (allocation.detached and not allocation.pins and not allocation.views
+                and not allocation.freed and self._storage.numel()):
+            allocation.freed = True
             self._allocator.release(allocation.start, allocation.count)
+            self._space_freed()
 
     # -- pins ------------------------------------------------------------------------------------
     def acquire_pin(self, key: bytes) -> tuple[PinToken, torch.Tensor]:
+        """The pin, and a tensor over the object's slots that keeps them reserved for as long
+        as it or any tensor made from it lives, even past `release_pin` (`_lending`)."""
         self._check_open()
         allocation = self._objects[key]
         allocation.pins += 1
+        allocation.views += 1
         offset = allocation.start * self.slot_size
-        return allocation, self._storage[offset : offset + allocation.meta.nbytes]
+        loop, thread = asyncio.get_running_loop(), threading.get_ident()
+
+        def returned() -> None:  # the last tensor over the view is gone, on any thread
+            if threading.get_ident() == thread:
+                self._view_returned(allocation)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(self._view_returned, allocation)
+
+        return allocation, lend(self._host, self._storage, offset, allocation.meta.nbytes,
+                                returned)
+
+    def _view_returned(self, allocation: _Allocation) -> None:
+        allocation.views -= 1
+        self._free_if_unused(allocation)
 
     def release_pin(self, token: PinToken) -> None:
         assert isinstance(token, _Allocation), "a pin token comes from acquire_pin"
         token.pins -= 1
-        if token.pins == 0 and token.detached and self._storage.numel():
-            self._allocator.release(token.start, token.count)
+        self._free_if_unused(token)
 
     def is_pinned(self, key: bytes) -> bool:
         allocation = self._objects.get(key)
