@@ -10,8 +10,9 @@ extent). Nothing past the header area is touched: the old bytes there are unreac
 header is gone.
 
 While it writes, the wipe holds an exclusive ``flock`` on the media, and it refuses media on
-which another open file holds one: PMDK takes one on every pool it opens, so an open pmem pool
-is never wiped under its user (in this process or another).
+which another open file holds one: PMDK takes one on every pool it opens, and the nvme tier one
+on its log for as long as it is open, so an open tier's media is never wiped under its user (in
+this process or another).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Opening the NVMe tier's file or block device: O_DIRECT, sizes, block size, backend choice.
+"""Opening the NVMe tier's file or block device: O_DIRECT, the exclusive lock that keeps a
+second opener off it, sizes, block size, backend choice.
 
 Nothing here writes to the device; formatting decisions are the tier's (it reads the superblock
 through the chosen backend first).
@@ -6,6 +7,7 @@ through the chosen backend first).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -43,35 +45,28 @@ class Device:
 
 
 def open_device(config: NvmeTierConfig) -> Device:
-    """Open (creating a regular file if absent) the tier's path read-write.
+    """Open (creating a regular file if absent) the tier's path read-write, and lock it.
 
     With ``direct = true`` the fd is opened with O_DIRECT; if the filesystem refuses it (EINVAL)
     the tier falls back to buffered IO, logs a warning and says so in `describe()`.
-    Raises `DeviceError` naming the path when it cannot be opened or created.
+    The fd holds an exclusive ``flock`` until it is closed: a second opener, in this process or
+    another (or `tierkv format`), is refused while the tier is open. A regular file whose mode
+    lets its group or others in is opened with a warning.
+    Raises `DeviceError` naming the path when it cannot be opened, created or locked (naming the
+    holder where /proc/locks tells it); a file this call created is removed again then.
     """
     path = config.path
-    created = False
     try:
         existing = os.stat(path)
     except FileNotFoundError:
         existing = None
     except OSError as exc:
-        raise DeviceError(f"{path}: cannot stat: {exc.strerror}") from exc
+        raise DeviceError(f"{path}: cannot stat: {exc.strerror}", errno=exc.errno) from exc
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise DeviceError(f"{path}: is a directory, expected a file or block device")
-    flags = os.O_RDWR | os.O_CLOEXEC
-    if existing is None:
-        flags |= os.O_CREAT | os.O_EXCL
-        created = True
-    direct = config.direct
-    fd = _open(path, flags | (os.O_DIRECT if direct else 0))
-    if fd is None:
-        log.warning("%s: the filesystem refuses O_DIRECT; using buffered IO", path)
-        direct = False
-        fd = _open(path, flags)
-        if fd is None:  # pragma: no cover - EINVAL without O_DIRECT is not expected
-            raise DeviceError(f"{path}: cannot open")
+    fd, direct, created = _open_fd(path, existing is None, config.direct)
     try:
+        _lock(fd, path)
         info = os.fstat(fd)
         block = stat.S_ISBLK(info.st_mode)
         if block:
@@ -80,24 +75,113 @@ def open_device(config: NvmeTierConfig) -> Device:
         elif stat.S_ISREG(info.st_mode):
             size = info.st_size
             lbs = _file_logical_block_size(info.st_dev)
+            if info.st_mode & 0o077:
+                log.warning("%s: mode %04o lets its group or others read or write the log "
+                            "(0600 expected); chmod 600 it", path, stat.S_IMODE(info.st_mode))
         else:
             raise DeviceError(f"{path}: neither a regular file nor a block device")
-    except BaseException:
+    except BaseException as exc:
+        # removed before the close drops the lock, so that no other opener can be using it;
+        # but a file another opener locked first (it opened what this call created) is theirs
+        if created and not (isinstance(exc, DeviceError) and exc.errno == errno.EWOULDBLOCK):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         os.close(fd)
-        if created:
-            os.unlink(path)
+        if isinstance(exc, OSError):
+            raise DeviceError(f"{path}: cannot read its size: {exc.strerror}",
+                              errno=exc.errno) from exc
         raise
     return Device(fd, path, block, direct, size, lbs, created)
 
 
-def _open(path: Path, flags: int) -> int | None:
+def _open_fd(path: Path, create: bool, direct: bool) -> tuple[int, bool, bool]:
+    """A read-write fd on `path`, whether it is O_DIRECT, and whether this call created the file.
+
+    The file is created without O_DIRECT: a filesystem that refuses O_DIRECT (ramfs, tmpfs
+    before Linux 6.6) creates the file before it fails the open with EINVAL, so an O_DIRECT
+    create would leave a file behind that a retry with O_EXCL then cannot create.
+    """
+    flags = os.O_RDWR | os.O_CLOEXEC
+    fd: int | None = None
+    if create:
+        try:
+            # the log holds every tenant's data: readable by its owner only
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass  # created by another opener since the stat: opened as it is, below
+        except OSError as exc:
+            raise DeviceError(f"{path}: cannot create: {exc.strerror}", errno=exc.errno) from exc
+    created = fd is not None
     try:
-        # the log holds every tenant's data: readable by its owner only
-        return os.open(path, flags, 0o600)
+        if direct:
+            try:
+                direct_fd = os.open(path, flags | os.O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                log.warning("%s: the filesystem refuses O_DIRECT; using buffered IO", path)
+                direct = False
+            else:
+                if fd is not None:
+                    os.close(fd)
+                fd = direct_fd
+        if fd is None:
+            fd = os.open(path, flags)
     except OSError as exc:
-        if exc.errno == errno.EINVAL and flags & os.O_DIRECT:
-            return None
-        raise DeviceError(f"{path}: cannot open: {exc.strerror}") from exc
+        if fd is not None:
+            os.close(fd)
+        if created:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        raise DeviceError(f"{path}: cannot open: {exc.strerror}", errno=exc.errno) from exc
+    return fd, direct, created
+
+
+def _lock(fd: int, path: Path) -> None:
+    """Hold an exclusive flock on the open file: two writers of one log would each overwrite
+    the other's regions and superblock, and whichever closed last would win. flock locks
+    belong to the open file description, so a second open in this process conflicts too, and
+    the kernel drops the lock when the holder dies."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise DeviceError(f"{path}: in use: {_holder(fd)}; the log is open in another tier "
+                              "or process", errno=errno.EWOULDBLOCK) from exc
+        raise DeviceError(f"{path}: cannot lock: {exc.strerror}", errno=exc.errno) from exc
+
+
+def _holder(fd: int) -> str:
+    """Who holds the flock on `fd`'s file, as far as /proc/locks tells."""
+    try:
+        info = os.fstat(fd)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return "held by another process"
+    # /proc/locks names a file by its filesystem's device (hex major:minor) and inode
+    ident = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    for line in table.splitlines():
+        fields = line.split()
+        # "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; waiters have "->" after N:
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != ident:
+            continue
+        try:
+            pid = int(fields[4])
+        except ValueError:
+            continue
+        if pid <= 0:  # the holder is in a pid namespace this process cannot see
+            break
+        if pid == os.getpid():
+            return f"held by this process (pid {pid})"
+        return f"held by pid {pid}{_command(pid)}"
+    return "held by another process"
+
+
+def _command(pid: int) -> str:
+    try:
+        return f" ({Path(f'/proc/{pid}/comm').read_text().strip()})"
+    except OSError:
+        return ""
 
 
 def _file_logical_block_size(st_dev: int) -> int | None:

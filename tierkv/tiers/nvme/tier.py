@@ -173,10 +173,11 @@ class NvmeTier(Tier):
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
             st.pool.warm(self.config.region_size, 1 + SEALS_IN_FLIGHT)
         except BaseException:
-            await outlive_cancel(self._release())
+            # unlinked while the fd still holds the lock: no other opener can be using it yet
             if device.created:
                 with contextlib.suppress(OSError):
                     os.unlink(device.path)
+            await outlive_cancel(self._release())
             raise
         recovered = []
         index = st.index  # recovery may have replaced it

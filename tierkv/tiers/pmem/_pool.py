@@ -13,6 +13,7 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,26 @@ def open_pool(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
 
     A pool another process holds is `DeviceError` ("in use") in every case; so is a failure
     that does not show the pool unusable (permissions, I/O): such a pool is never replaced.
+    A pool file (not a device) whose mode lets its group or others in is opened with a warning.
     """
+    pool = _open_or_create(config, name, capacity)
+    _warn_if_open_to_others(config.path, name)
+    return pool
+
+
+def _warn_if_open_to_others(path: Path, name: str) -> None:
+    # checked once the pool is open: a file replaced on the way is new (0600), and a device's
+    # mode is its administrator's (udev), not something this tier made
+    try:
+        info = os.stat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+        log.warning("tier %s: %s: mode %04o lets its group or others read or write the pool "
+                    "(0600 expected); chmod 600 it", name, path, stat.S_IMODE(info.st_mode))
+
+
+def _open_or_create(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
     path = config.path
     # pay the pool's page faults at open, not in the middle of puts and gets
     pmemobj.set_prefault(at_create=False, at_open=True)
