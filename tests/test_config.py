@@ -259,6 +259,10 @@ CASES: dict[str, tuple[str, list[Edit]]] = {
     "size-zero": ("tiers[2].region_size", [("tiers.2.region_size", 0)]),
     "size-negative-int": ("tiers[2].capacity", [("tiers.2.capacity", -1)]),
     "size-zero-str": ("tiers[0].slot_size", [("tiers.0.slot_size", "0KiB")]),
+    "size-fullwidth-digits": ("tiers[0].capacity", [("tiers.0.capacity", "\uff13\uff12MiB")]),
+    "size-arabic-indic-digits": ("tiers[2].region_size",
+                                 [("tiers.2.region_size", "\u0668MiB")]),
+    "size-no-break-space": ("tiers[1].capacity", [("tiers.1.capacity", "1\u00a0GiB")]),
     # bad durations
     "duration-unknown-unit": ("tiers[0].ttl", [("tiers.0.ttl", "5sec")]),
     "duration-no-unit": ("health.window", [("health.window", "60")]),
@@ -269,6 +273,7 @@ CASES: dict[str, tuple[str, list[Edit]]] = {
     "duration-inf": ("tiers[0].ttl", [("tiers.0.ttl", math.inf)]),
     "duration-bool": ("tiers[0].ttl", [("tiers.0.ttl", True)]),
     "duration-word": ("health.cooldown", [("health.cooldown", "forever")]),
+    "duration-fullwidth-digits": ("tiers[0].ttl", [("tiers.0.ttl", "\uff15s")]),
     # bad enums
     "enum-write-policy": ("engine.write_policy", [("engine.write_policy", "sometimes")]),
     "enum-write-policy-int": ("engine.write_policy", [("engine.write_policy", 1)]),
@@ -447,6 +452,28 @@ def _example_text(tmp_path: Path) -> str:
     return text.replace('"/mnt/', f'"{tmp_path}/mnt/')
 
 
+@pytest.fixture
+def server_sized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example's capacities are a server's (64 GiB of pmem, 1 TiB of nvme): let this machine
+    report the memory and free disk space of one, so that the loader's fit checks pass as they
+    would there."""
+    real_statvfs, real_sysconf = os.statvfs, os.sysconf
+
+    def statvfs(path: Any) -> os.statvfs_result:
+        fields = list(real_statvfs(path))
+        fields[2] = fields[3] = fields[4] = (16 << 40) // fields[1]  # blocks, free, available
+        return os.statvfs_result(fields)
+
+    def sysconf(name: str | int) -> int:
+        if name == "SC_PHYS_PAGES":
+            return (1 << 40) // real_sysconf("SC_PAGE_SIZE")
+        return real_sysconf(name)
+
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    monkeypatch.setattr(os, "sysconf", sysconf)
+
+
+@pytest.mark.usefixtures("server_sized")
 def test_example_loads(tmp_path: Path) -> None:
     config = load_config_text(_example_text(tmp_path))
     assert [t.kind for t in config.tiers] == [TierKind.GPU, TierKind.PMEM, TierKind.NVME]
@@ -468,6 +495,7 @@ def test_example_sets_every_key_of_the_schema(tmp_path: Path) -> None:
         assert set(tier) == expected, tier["kind"]
 
 
+@pytest.mark.usefixtures("server_sized")
 def test_example_optional_values_are_the_defaults(tmp_path: Path) -> None:
     # The example's header says every optional value shown is its default.
     config = load_config_text(_example_text(tmp_path))
@@ -536,6 +564,10 @@ def test_parse_size(text: str, expected: int) -> None:
         "inf",
         "nan",
         "4 KiB B",
+        "\uff13\uff12MiB",  # full-width digits
+        "\u0664KiB",  # an Arabic-Indic digit
+        "\U0001d7f8MiB",  # a mathematical monospace digit
+        "1\u2003MiB",  # an em space
     ],
 )
 def test_parse_size_refuses(text: str) -> None:
@@ -573,7 +605,8 @@ def test_parse_duration(text: str, expected: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "5", "s", "5sec", "-1s", "5S", "1e3ms", "5 m", "fast", "1.5.0s", "5ms5"]
+    "text", ["", "5", "s", "5sec", "-1s", "5S", "1e3ms", "5 m", "fast", "1.5.0s", "5ms5",
+             "\uff15s", "\u0665ms"]
 )
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(ValueError):

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Awaitable, Callable
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import tierkv
 from tierkv import BlockKey, CorruptObjectError, block_keys
 from tierkv.keys import DIGEST_SIZE, MAX_KEY_SIZE, Key, decode_key, encode_key
 
@@ -289,3 +291,76 @@ def test_block_key_is_hashable_and_frozen() -> None:
     assert {key: 1}[BlockKey(bytes(DIGEST_SIZE), 4, THETA)] == 1
     with pytest.raises(AttributeError):
         key.context_length = 5  # type: ignore[misc]
+
+
+# -- arguments with no canonical form: one clear error, not struct.error or UnicodeError --------
+@pytest.mark.parametrize("token", [2**63, -(2**63) - 1, 2**200])
+@pytest.mark.parametrize("position", [0, 6])
+def test_block_keys_refuses_token_ids_outside_64_bits(token: int, position: int) -> None:
+    token_ids = list(range(8))
+    token_ids[position] = token
+    with pytest.raises(ValueError):
+        block_keys(token_ids, block_size=4, model=MODEL, rope_theta=THETA)
+
+
+@pytest.mark.parametrize("token", ["7", 1.5, None, b"\x01"])
+def test_block_keys_refuses_token_ids_that_are_not_ints(token: object) -> None:
+    with pytest.raises(TypeError):
+        block_keys([1, token, 3, 4], block_size=2, model=MODEL,  # type: ignore[list-item]
+                   rope_theta=THETA)
+
+
+def test_block_keys_accepts_the_ends_of_the_64_bit_range() -> None:
+    keys = block_keys([2**63 - 1, -(2**63)], block_size=2, model=MODEL, rope_theta=THETA)
+    assert len(keys) == 1
+
+
+#: str values with no UTF-8 form: lone surrogates (what surrogateescape decoding and broken JSON
+#: escapes produce), also a high and a low one side by side (a pair only in UTF-16)
+NOT_UTF8 = ["\ud800", "key-\udcff", "\udfff\ud800", "\ud83d\ude00"]
+
+
+def _not_utf8_error(info: pytest.ExceptionInfo[ValueError]) -> None:
+    # UnicodeEncodeError is a ValueError too: the point is the plain one about the argument
+    assert not isinstance(info.value, UnicodeError), repr(info.value)
+
+
+@pytest.mark.parametrize("text", NOT_UTF8)
+def test_encode_key_refuses_a_str_without_a_utf8_form(text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        encode_key(text)
+    _not_utf8_error(info)
+
+
+@pytest.mark.parametrize("text", NOT_UTF8)
+def test_block_keys_refuses_a_model_without_a_utf8_form(text: str) -> None:
+    with pytest.raises(ValueError) as info:
+        block_keys([1, 2], block_size=2, model=text, rope_theta=THETA)
+    _not_utf8_error(info)
+
+
+async def test_every_engine_key_argument_refuses_a_str_without_a_utf8_form() -> None:
+    bad = NOT_UTF8[0]
+    l1 = {"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "4MiB", "slot_size": "1MiB"}
+    async with tierkv.open({"tiers": [l1]}) as kv:
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: kv.put(bad, b"v"),
+            lambda: kv.put("ok", b"v", parents=[bad]),
+            lambda: kv.put_many([("ok", b"v"), (bad, b"v")]),
+            lambda: kv.get(bad),
+            lambda: kv.get_many(["ok", bad]),
+            lambda: kv.contains(bad),
+            lambda: kv.locate(bad),
+            lambda: kv.delete(bad),
+            lambda: kv.invalidate(bad),
+        ]
+        for call in calls:
+            with pytest.raises(ValueError) as info:
+                await call()
+            _not_utf8_error(info)
+        with pytest.raises(ValueError) as info:
+            async with kv.pin(bad):
+                pass
+        _not_utf8_error(info)
+        assert await kv.locate("ok") == "l1"  # put_many stored the pair before the bad one
+        assert kv.stats()["engine"]["objects"] == 1

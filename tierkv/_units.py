@@ -10,8 +10,16 @@ _DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
+def _check_ascii(text: str, what: str) -> None:
+    # the pattern's \d and \s also match other scripts' digits and spaces (full-width "32MiB"),
+    # which Fraction and float accept too: such a value loaded, though it reads as another
+    if not text.isascii():
+        raise ValueError(f"{text!r} is not a {what}: write it with ASCII digits and units")
+
+
 def parse_size(text: str) -> int:
     """Bytes in a size such as ``"4KiB"``, ``"1.5GiB"`` or ``"4096"``; `ValueError` otherwise."""
+    _check_ascii(text, "size")
     match = _NUMBER_UNIT.match(text)
     if not match or match.group(2) not in _SIZE_UNITS:
         raise ValueError(f"{text!r} is not a size (use B, KiB, MiB, GiB or TiB)")
@@ -23,6 +31,7 @@ def parse_size(text: str) -> int:
 
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as ``"800ms"``, ``"5s"`` or ``"2min"``; `ValueError` otherwise."""
+    _check_ascii(text, "duration")
     match = _NUMBER_UNIT.match(text)
     if not match or match.group(2) not in _DURATION_UNITS:
         raise ValueError(f"{text!r} is not a duration (use ms, s, min or h)")

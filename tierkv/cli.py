@@ -204,6 +204,9 @@ def _bench(args: argparse.Namespace) -> int:
             results[name] = section
             rows.extend(section_rows)
     _print_rows(rows)
+    for name, section in results.items():
+        if "skipped" in section:
+            console.print(f"skipped {name}: {section['skipped']}", markup=False, highlight=False)
     if args.json:
         document = {"results": results, "rows": [row.to_json() for row in rows]}
         args.json.write_text(json.dumps(document, indent=2, default=str))
@@ -218,6 +221,8 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
     from tierkv.bench import engine as engine_bench
 
     quick = bool(args.quick)
+    if args.device == "gpu" and not isinstance(config.tiers[0], GpuTierConfig):
+        raise ConfigError("--device gpu: the config has no gpu tier to measure")
     jobs: list[tuple[str, Job]] = []
     if args.device in ("engine", "gpu"):
         jobs.append(("l1_get_4k", lambda bar: engine_bench.l1_get_latency(

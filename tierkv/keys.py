@@ -75,10 +75,13 @@ def block_keys(
     The digest of block i is SHA-256 over (namespace salt, model, digest of block i-1, the block's
     token ids), truncated to 16 bytes. Every length is framed, so no two different inputs share the
     hashed byte string.
+
+    Raises `TypeError` for a token id that is not an int, and `ValueError` for one outside the
+    signed 64-bit range, a `block_size` below 1 or a `model` with no UTF-8 form.
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
-    model_bytes = model.encode()
+    model_bytes = _utf8(model, "model")
     salt = hashlib.sha256(
         _CHAIN_DOMAIN
         + struct.pack("<I", len(namespace))
@@ -93,23 +96,49 @@ def block_keys(
         block = token_ids[end - block_size : end]
         hasher = hashlib.sha256(salt)
         hasher.update(parent)
-        hasher.update(struct.pack(f"<{block_size}q", *block))
+        try:
+            packed = struct.pack(f"<{block_size}q", *block)
+        except struct.error:
+            raise _bad_token(block, end - block_size) from None
+        hasher.update(packed)
         parent = hasher.digest()[:DIGEST_SIZE]
         keys.append(BlockKey(parent, end, float(rope_theta)))
     return keys
 
 
+def _bad_token(block: Sequence[int], start: int) -> TypeError | ValueError:
+    """Why `struct` refused to pack `block` (token ids from index `start` on)."""
+    for offset, token in enumerate(block):
+        index = start + offset
+        if not hasattr(token, "__index__"):
+            return TypeError(f"token_ids[{index}] is a {type(token).__name__}, not an int")
+        if not -(2**63) <= token.__index__() < 2**63:
+            return ValueError(f"token_ids[{index}] = {token} is outside the signed 64-bit range")
+    return ValueError(f"token_ids[{start}:{start + len(block)}] cannot be packed")
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        # a lone surrogate (from surrogateescape decoding, or a broken JSON escape) has no UTF-8
+        # form; UnicodeEncodeError would name the codec, not the argument that is wrong
+        raise ValueError(f"{what} is not valid Unicode text: {exc.reason} at position "
+                         f"{exc.start}") from None
+
+
 def encode_key(key: Key) -> bytes:
     """The canonical byte form of a public key (see the module docstring).
 
-    Raises `TypeError` for other types and `ValueError` for keys longer than `MAX_KEY_SIZE`.
+    Raises `TypeError` for other types, and `ValueError` for keys longer than `MAX_KEY_SIZE` and
+    `str` keys that have no UTF-8 form (a lone surrogate).
     """
     if isinstance(key, BlockKey):
         return bytes((_TAG_BLOCK,)) + key.digest + _BLOCK_TAIL.pack(
             key.context_length, float(key.rope_theta)
         )
     if isinstance(key, str):
-        raw = bytes((_TAG_STR,)) + key.encode()
+        raw = bytes((_TAG_STR,)) + _utf8(key, "a str key")
     elif isinstance(key, bytes | bytearray | memoryview):
         raw = bytes((_TAG_BYTES,)) + bytes(key)
     else:

@@ -15,6 +15,8 @@
 Engine and baseline runs alternate and the best of `repeats` is kept on each side, so a burst of
 load from a neighbour hits both alike. The tiers are made for the benchmark beside the ones the
 config names (same gpu device, pmem pool directory and nvme log directory) and removed after.
+A case (or the part of one) whose tier kind the config lacks is not run; its result says why
+under ``"skipped"``.
 """
 
 from __future__ import annotations
@@ -116,6 +118,8 @@ async def _bandwidth_case(label: str, config: dict[str, Any], count: int, *, rep
 async def bandwidth(config: Config, *, quick: bool = False, repeats: int = 3,
                     progress: Progress = no_progress) -> tuple[dict[str, Any], list[Row]]:
     places = Places.of(config)
+    if places.device is None and places.pmem_dir is None:
+        return {"skipped": "needs a gpu or a pmem tier in the config"}, []
     count = 128 if quick else 256
     rows: list[Row] = []
     if places.device is not None:
@@ -128,7 +132,12 @@ async def bandwidth(config: Config, *, quick: bool = False, repeats: int = 3,
             pmem = {"tiers": [_pmem(pool, max(count * MiB * 3 // 2, 64 * MiB))]}
             rows += await _bandwidth_case("pmem only", pmem, count, repeats=repeats,
                                           targets=(0.6, 0.6), progress=progress)
-    return {"rows": [row.to_json() for row in rows]}, rows
+    result: dict[str, Any] = {"rows": [row.to_json() for row in rows]}
+    if places.device is None:
+        result["skipped"] = "the gpu case: needs a gpu tier in the config"
+    elif places.pmem_dir is None:
+        result["skipped"] = "the pmem case: needs a pmem tier in the config"
+    return result, rows
 
 
 async def sustained_spill(config: Config, *, quick: bool = False, repeats: int = 3,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -32,7 +33,7 @@ import torch
 
 from tierkv._platform import cuda_available
 from tierkv.config import GpuTierConfig, TierKind
-from tierkv.errors import TierFullError
+from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier
@@ -87,19 +88,39 @@ class GpuTier(Tier):
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
         nbytes = self._slot_count * self.slot_size
+        self._storage = self._allocate(nbytes)
         if self.device.type == "cuda":
-            self._storage = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             self._waiter = ThreadPoolExecutor(1, thread_name_prefix=f"tierkv-{self.name}-events")
         else:
-            self._storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda_available())
-            # pay the pool's page faults at open, not in puts: a put into never-touched slots
-            # faulted and zeroed every page (~290 µs per 256 KiB put against ~15 µs of copy)
-            self._storage.zero_()
             self._host = memoryview(self._storage.numpy())  # type: ignore[arg-type]
         log.info("tier %s: %d slots of %d bytes on %s", self.name, self._slot_count,
                  self.slot_size, self.device)
         return []
+
+    def _allocate(self, nbytes: int) -> torch.Tensor:
+        """The slot pool; `DeviceError` when the device cannot hold it."""
+        where = str(self.device)
+        if self.device.type == "cpu":
+            # the loader refuses this too, but a Config built in code skips the loader; past
+            # physical memory the zeroing below would only end in the OOM killer
+            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            if nbytes > memory:
+                raise DeviceError(f"tier {self.name!r}: cannot allocate {nbytes} bytes on cpu: "
+                                  f"the machine has {memory} bytes of physical memory")
+        try:
+            if self.device.type == "cuda":
+                return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            storage = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda_available())
+            # pay the pool's page faults at open, not in puts: a put into never-touched slots
+            # faulted and zeroed every page (~290 µs per 256 KiB put against ~15 µs of copy)
+            storage.zero_()
+            return storage
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            # torch's messages run over several lines (a C++ backtrace on some builds)
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DeviceError(f"tier {self.name!r}: cannot allocate {nbytes} bytes on {where}: "
+                              f"{reason}") from exc
 
     async def _close(self) -> None:
         if self._stream is not None:
