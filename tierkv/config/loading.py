@@ -13,14 +13,13 @@ from __future__ import annotations
 import enum
 import math
 import os
-import stat
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tierkv._platform import cuda_available
-from tierkv._units import format_size, parse_duration, parse_size
+from tierkv._units import parse_duration, parse_size
+from tierkv.config.machine import check_device, check_memory, check_path, check_room
 from tierkv.config.schema import (
     DEFAULT_FREE_HIGH,
     DEFAULT_FREE_LOW,
@@ -44,7 +43,6 @@ from tierkv.config.schema import (
     WritePolicy,
 )
 from tierkv.errors import ConfigError
-from tierkv.formats.pmem_layout import pool_size_for
 
 E = TypeVar("E", bound=enum.Enum)
 
@@ -203,7 +201,7 @@ def _parse(document: Mapping[str, Any]) -> Config:
         raise ConfigError("tiers: expected at least one [[tiers]] table")
     tiers = tuple(_parse_tier(raw, f"tiers[{i}]") for i, raw in enumerate(raw_tiers))
     _check_hierarchy(tiers)
-    _check_room(tiers)
+    check_room(tiers)
 
     scheduler_table = root.table("scheduler")
     scheduler_defaults = SchedulerConfig()
@@ -253,13 +251,13 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         slot_size = t.size("slot_size", 2 << 20)
         if capacity < slot_size:
             raise t.error("capacity", f"{capacity} bytes is less than one slot ({slot_size})")
-        device = _check_device(t, t.string("device", "auto"))
-        _check_memory(t, device, capacity)
+        device = check_device(t, t.string("device", "auto"))
+        check_memory(t, device, capacity)
         low, high = _watermarks(t)
         tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0),
                              free_low=low, free_high=high)
     elif kind is TierKind.PMEM:
-        pool = _check_path(t, "path", TierKind.PMEM)
+        pool = check_path(t, "path", t.string("path"), TierKind.PMEM)
         if capacity < MIN_PMEM_POOL:
             raise t.error("capacity", f"a pmem pool needs at least {MIN_PMEM_POOL} bytes")
         low, high = _watermarks(t)
@@ -267,7 +265,7 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
                               queue_depth=t.integer("queue_depth", 16, low=1, high=1024),
                               free_low=low, free_high=high)
     else:
-        log = _check_path(t, "path", TierKind.NVME)
+        log = check_path(t, "path", t.string("path"), TierKind.NVME)
         region_size = t.size("region_size", 64 << 20)
         if region_size % 4096 or region_size < (1 << 20):
             raise t.error("region_size", "must be a multiple of 4KiB and at least 1MiB")
@@ -321,160 +319,3 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
                     f"tiers[{index}].path: {tier.path} is already used by tiers[{paths[resolved]}]"
                 )
             paths[resolved] = index
-
-
-def _check_device(t: _Table, device: str) -> str:
-    import torch
-
-    if device in ("auto", "cpu"):
-        return device
-    if device == "cuda" or device.startswith("cuda:"):
-        suffix = device.partition(":")[2]
-        if suffix and not suffix.isdigit():
-            raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
-        if not torch.cuda.is_available():
-            raise t.error("device", f"{device!r} requested but this machine has no CUDA device")
-        index = int(suffix or 0)
-        if index >= torch.cuda.device_count():
-            raise t.error(
-                "device", f"{device!r} does not exist ({torch.cuda.device_count()} CUDA devices)"
-            )
-        return f"cuda:{index}"
-    raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
-
-
-#: what a persistent tier's path may name besides a regular file: the pmem pool a device-DAX
-#: character device, the nvme log a block device
-_DEVICES: dict[TierKind, tuple[Callable[[int], bool], str]] = {
-    TierKind.PMEM: (stat.S_ISCHR, "a DAX (character) device"),
-    TierKind.NVME: (stat.S_ISBLK, "a block device"),
-}
-
-
-def _check_path(t: _Table, key: str, kind: TierKind) -> Path:
-    text = t.string(key)
-    if "\x00" in text:
-        raise t.error(key, "a path cannot contain a NUL byte")
-    path = Path(text).expanduser()
-    try:
-        path.resolve()
-    except (OSError, RuntimeError) as exc:
-        raise t.error(key, f"{path} cannot be resolved: {exc}") from None
-    try:
-        return _usable_path(t, key, path, kind)
-    except OSError as exc:
-        # Path.exists and is_dir let through what is not "no such file": a name longer than
-        # the file system allows, a directory that may not be searched
-        raise t.error(key, f"{path} cannot be used: {exc.strerror or exc}") from None
-
-
-def _usable_path(t: _Table, key: str, path: Path, kind: TierKind) -> Path:
-    if path.exists():
-        mode = path.stat().st_mode
-        is_device, device = _DEVICES[kind]
-        if stat.S_ISDIR(mode):
-            raise t.error(key, f"{path} is a directory, expected a file or {device}")
-        # a FIFO would block the first open (tierkv info hung on one); /dev/null and the like
-        # only failed at open
-        if not (stat.S_ISREG(mode) or is_device(mode)):
-            raise t.error(key, f"{path} is neither a regular file nor {device}")
-        if not os.access(path, os.R_OK | os.W_OK):
-            raise t.error(key, f"{path} is not readable and writable")
-        return path
-    ancestor = _existing_ancestor(path)
-    if not ancestor.is_dir():
-        raise t.error(key, f"{path} cannot be created: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise t.error(key, f"{path} cannot be created: {ancestor} is not writable")
-    return path
-
-
-def _existing_ancestor(path: Path) -> Path:
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    return ancestor
-
-
-def _physical_memory() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _check_memory(t: _Table, device: str, capacity: int) -> None:
-    """A gpu tier allocates its whole capacity at open: refuse one its device cannot hold,
-    rather than let the allocation fail (or the OOM killer end the process) later."""
-    if device == "auto":
-        device = "cuda:0" if cuda_available() else "cpu"
-    if device == "cpu":
-        total, where = _physical_memory(), "the machine's physical memory"
-    else:
-        import torch
-
-        index = int(device.partition(":")[2] or 0)
-        total, where = torch.cuda.get_device_properties(index).total_memory, device
-    if capacity > total:
-        raise t.error("capacity", f"{format_size(capacity)} does not fit in {where} "
-                                  f"({format_size(total)})")
-
-
-def _media_size(tier: PmemTierConfig | NvmeTierConfig) -> int:
-    """Bytes the tier sizes its file or device to at open."""
-    if isinstance(tier, PmemTierConfig):
-        return pool_size_for(tier.capacity)
-    regions = (tier.capacity - NVME_SUPERBLOCK) // tier.region_size
-    return NVME_SUPERBLOCK + regions * tier.region_size
-
-
-def _block_device_size(path: Path) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.lseek(fd, 0, os.SEEK_END)
-    finally:
-        os.close(fd)
-
-
-def _check_room(tiers: tuple[TierConfig, ...]) -> None:
-    """Refuse a persistent tier whose media cannot hold what open sizes it to.
-
-    A block device must be large enough. A file is allocated in full at open (the nvme log
-    with posix_fallocate, the pmem pool by PMDK), so the bytes it still has to grow by must be
-    free on its file system, summed over the tiers that share one. A character device (device
-    DAX) is left to the open. Without this a capacity beyond the machine passed here and failed
-    at open, late (after building per-region state for all of it) and unclearly.
-    """
-    growth: dict[int, int] = {}  # st_dev of a file system -> bytes its tiers' files must grow
-    for index, tier in enumerate(tiers):
-        if not isinstance(tier, PmemTierConfig | NvmeTierConfig):
-            continue
-        key = f"tiers[{index}].capacity"
-        need = _media_size(tier)
-        try:
-            found: os.stat_result | None = os.stat(tier.path)
-        except FileNotFoundError:
-            found = None
-        try:
-            if found is not None and stat.S_ISBLK(found.st_mode):
-                size = _block_device_size(tier.path)
-                if need > size:
-                    raise ConfigError(f"{key}: {format_size(tier.capacity)} needs {need} bytes, "
-                                      f"the block device {tier.path} has {size}")
-                continue
-            if found is not None and not stat.S_ISREG(found.st_mode):
-                continue
-            grow = need - (found.st_blocks * 512 if found is not None else 0)
-            if grow <= 0:
-                continue
-            directory = _existing_ancestor(tier.path)
-            device = os.stat(directory).st_dev
-            fs = os.statvfs(directory)
-        except OSError as exc:
-            raise ConfigError(f"tiers[{index}].path: {tier.path} cannot be sized: "
-                              f"{exc.strerror or exc}") from None
-        free = fs.f_bavail * fs.f_frsize
-        growth[device] = growth.get(device, 0) + grow
-        if growth[device] > free:
-            shared = " with the tiers before it" if growth[device] > grow else ""
-            raise ConfigError(
-                f"{key}: {format_size(tier.capacity)} needs {format_size(grow)} more on the "
-                f"file system of {directory}{shared}, which has {format_size(free)} free"
-            )

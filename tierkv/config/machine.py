@@ -1,0 +1,192 @@
+"""Checks of a configuration against the machine: devices that must exist, paths that must be
+usable, capacities the memory, the device or the file system must hold.
+
+Separate from the parsing (`loading`) because these read the machine (torch's CUDA devices,
+`stat`, `statvfs`, physical memory) where the parsing reads only the document. Each check raises
+`ConfigError` naming the key path, through the `KeyErrors` of the table it checks.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+from tierkv._platform import cuda_available
+from tierkv._units import format_size
+from tierkv.config.schema import (
+    NVME_SUPERBLOCK,
+    NvmeTierConfig,
+    PmemTierConfig,
+    TierConfig,
+    TierKind,
+)
+from tierkv.errors import ConfigError
+from tierkv.formats.pmem_layout import pool_size_for
+
+
+class KeyErrors(Protocol):
+    """What a check needs of the table it checks: an error for one of its keys."""
+
+    def error(self, key: str, message: str) -> ConfigError: ...
+
+
+def check_device(t: KeyErrors, device: str) -> str:
+    """The device a gpu tier names, normalised (`cuda` → `cuda:0`); it must exist here."""
+    import torch
+
+    if device in ("auto", "cpu"):
+        return device
+    if device == "cuda" or device.startswith("cuda:"):
+        suffix = device.partition(":")[2]
+        if suffix and not suffix.isdigit():
+            raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
+        if not torch.cuda.is_available():
+            raise t.error("device", f"{device!r} requested but this machine has no CUDA device")
+        index = int(suffix or 0)
+        if index >= torch.cuda.device_count():
+            raise t.error(
+                "device", f"{device!r} does not exist ({torch.cuda.device_count()} CUDA devices)"
+            )
+        return f"cuda:{index}"
+    raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
+
+
+#: what a persistent tier's path may name besides a regular file: the pmem pool a device-DAX
+#: character device, the nvme log a block device
+_DEVICES: dict[TierKind, tuple[Callable[[int], bool], str]] = {
+    TierKind.PMEM: (stat.S_ISCHR, "a DAX (character) device"),
+    TierKind.NVME: (stat.S_ISBLK, "a block device"),
+}
+
+
+def check_path(t: KeyErrors, key: str, text: str, kind: TierKind) -> Path:
+    """The path of a persistent tier: usable here (creatable, or a file or device of the
+    right kind that is readable and writable)."""
+    if "\x00" in text:
+        raise t.error(key, "a path cannot contain a NUL byte")
+    path = Path(text).expanduser()
+    try:
+        path.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise t.error(key, f"{path} cannot be resolved: {exc}") from None
+    try:
+        return _usable_path(t, key, path, kind)
+    except OSError as exc:
+        # Path.exists and is_dir let through what is not "no such file": a name longer than
+        # the file system allows, a directory that may not be searched
+        raise t.error(key, f"{path} cannot be used: {exc.strerror or exc}") from None
+
+
+def _usable_path(t: KeyErrors, key: str, path: Path, kind: TierKind) -> Path:
+    if path.exists():
+        mode = path.stat().st_mode
+        is_device, device = _DEVICES[kind]
+        if stat.S_ISDIR(mode):
+            raise t.error(key, f"{path} is a directory, expected a file or {device}")
+        # a FIFO would block the first open (tierkv info hung on one); /dev/null and the like
+        # only failed at open
+        if not (stat.S_ISREG(mode) or is_device(mode)):
+            raise t.error(key, f"{path} is neither a regular file nor {device}")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise t.error(key, f"{path} is not readable and writable")
+        return path
+    ancestor = _existing_ancestor(path)
+    if not ancestor.is_dir():
+        raise t.error(key, f"{path} cannot be created: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise t.error(key, f"{path} cannot be created: {ancestor} is not writable")
+    return path
+
+
+def _existing_ancestor(path: Path) -> Path:
+    ancestor = path.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    return ancestor
+
+
+def _physical_memory() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(t: KeyErrors, device: str, capacity: int) -> None:
+    """A gpu tier allocates its whole capacity at open: refuse one its device cannot hold,
+    rather than let the allocation fail (or the OOM killer end the process) later."""
+    if device == "auto":
+        device = "cuda:0" if cuda_available() else "cpu"
+    if device == "cpu":
+        total, where = _physical_memory(), "the machine's physical memory"
+    else:
+        import torch
+
+        index = int(device.partition(":")[2] or 0)
+        total, where = torch.cuda.get_device_properties(index).total_memory, device
+    if capacity > total:
+        raise t.error("capacity", f"{format_size(capacity)} does not fit in {where} "
+                                  f"({format_size(total)})")
+
+
+def _media_size(tier: PmemTierConfig | NvmeTierConfig) -> int:
+    """Bytes the tier sizes its file or device to at open."""
+    if isinstance(tier, PmemTierConfig):
+        return pool_size_for(tier.capacity)
+    regions = (tier.capacity - NVME_SUPERBLOCK) // tier.region_size
+    return NVME_SUPERBLOCK + regions * tier.region_size
+
+
+def _block_device_size(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.lseek(fd, 0, os.SEEK_END)
+    finally:
+        os.close(fd)
+
+
+def check_room(tiers: tuple[TierConfig, ...]) -> None:
+    """Refuse a persistent tier whose media cannot hold what open sizes it to.
+
+    A block device must be large enough. A file is allocated in full at open (the nvme log
+    with posix_fallocate, the pmem pool by PMDK), so the bytes it still has to grow by must be
+    free on its file system, summed over the tiers that share one. A character device (device
+    DAX) is left to the open. Without this a capacity beyond the machine passed here and failed
+    at open, late (after building per-region state for all of it) and unclearly.
+    """
+    growth: dict[int, int] = {}  # st_dev of a file system -> bytes its tiers' files must grow
+    for index, tier in enumerate(tiers):
+        if not isinstance(tier, PmemTierConfig | NvmeTierConfig):
+            continue
+        key = f"tiers[{index}].capacity"
+        need = _media_size(tier)
+        try:
+            found: os.stat_result | None = os.stat(tier.path)
+        except FileNotFoundError:
+            found = None
+        try:
+            if found is not None and stat.S_ISBLK(found.st_mode):
+                size = _block_device_size(tier.path)
+                if need > size:
+                    raise ConfigError(f"{key}: {format_size(tier.capacity)} needs {need} bytes, "
+                                      f"the block device {tier.path} has {size}")
+                continue
+            if found is not None and not stat.S_ISREG(found.st_mode):
+                continue
+            grow = need - (found.st_blocks * 512 if found is not None else 0)
+            if grow <= 0:
+                continue
+            directory = _existing_ancestor(tier.path)
+            device = os.stat(directory).st_dev
+            fs = os.statvfs(directory)
+        except OSError as exc:
+            raise ConfigError(f"tiers[{index}].path: {tier.path} cannot be sized: "
+                              f"{exc.strerror or exc}") from None
+        free = fs.f_bavail * fs.f_frsize
+        growth[device] = growth.get(device, 0) + grow
+        if growth[device] > free:
+            shared = " with the tiers before it" if growth[device] > grow else ""
+            raise ConfigError(
+                f"{key}: {format_size(tier.capacity)} needs {format_size(grow)} more on the "
+                f"file system of {directory}{shared}, which has {format_size(free)} free"
+            )
