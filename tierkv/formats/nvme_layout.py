@@ -6,8 +6,13 @@ Little endian throughout. The device (file or block device) is::
 
 Superblock: ``magic "TKVNVME\\0" | version u32 | flags u32 | region_size u64 | capacity u64 |
 region_count u64 | uuid 16s | alignment u32 | checkpoint length u64 | checkpoint xxh3 u64 |
-checkpoint region count u32 | region indices u32 (count of them) | ... | xxh3 of all before it
-u64`` (the last 8 bytes of the block). A checkpoint length of 0 means "no valid checkpoint: scan".
+checkpoint region count u32 | region indices u32 (count of them) | ... | newest seq u64 | newest
+index u32 | reserved u32 | floor seq u64 | xxh3 of all before it u64`` (the history record and
+the checksum end the block). A checkpoint length of 0 means "no valid checkpoint: scan". The
+history record (zeros in logs written before it existed: nothing recorded) names the newest
+region use a flush made durable (its seq and index); a scan that does not find that region, or
+a newer use of its index, knows the newest history is lost. Region uses older than the floor
+seq are void: a scan ignores them (set when such a loss was found).
 
 Region: its first `alignment` bytes hold the region header ``magic "TKVREGN\\0" | uuid 16s |
 seq u64 | index u32 | reserved u32 | xxh3 u64``; `seq` grows by one each time a region is opened
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import struct
 import uuid as uuid_module
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -59,7 +64,9 @@ TOMBSTONE = 0x1
 _SB = struct.Struct("<8sIIQQQ16sIQQI")
 _SB_SUM = struct.Struct("<Q")
 _SB_REGION = struct.Struct("<I")
-MAX_CHECKPOINT_REGIONS = (SUPERBLOCK_SIZE - _SB.size - _SB_SUM.size) // _SB_REGION.size
+_SB_HISTORY = struct.Struct("<QIIQ")
+_SB_HISTORY_AT = SUPERBLOCK_SIZE - _SB_SUM.size - _SB_HISTORY.size
+MAX_CHECKPOINT_REGIONS = (_SB_HISTORY_AT - _SB.size) // _SB_REGION.size
 _REGION = struct.Struct("<8s16sQIIQ")
 PREFIX = struct.Struct("<4sHHQQQ")
 _PREFIX_CHECKED = PREFIX.size - 8
@@ -90,17 +97,19 @@ class Superblock:
     checkpoint_checksum: int = 0
     checkpoint_regions: tuple[int, ...] = ()
     version: int = LAYOUT_VERSION
+    newest_seq: int = 0  # 0: no region use recorded
+    newest_index: int = 0
+    floor_seq: int = 0
 
     def region_offset(self, index: int) -> int:
         return SUPERBLOCK_SIZE + index * self.region_size
 
     def without_checkpoint(self) -> Superblock:
-        return Superblock(self.region_size, self.capacity, self.region_count, self.uuid,
-                          self.alignment)
+        return replace(self, checkpoint_length=0, checkpoint_checksum=0, checkpoint_regions=())
 
     def with_checkpoint(self, length: int, check: int, regions: tuple[int, ...]) -> Superblock:
-        return Superblock(self.region_size, self.capacity, self.region_count, self.uuid,
-                          self.alignment, length, check, regions)
+        return replace(self, checkpoint_length=length, checkpoint_checksum=check,
+                       checkpoint_regions=regions)
 
 
 class ForeignFormatError(CorruptObjectError):
@@ -118,7 +127,8 @@ def encode_superblock(sb: Superblock) -> bytes:
                     sb.region_count, sb.uuid, sb.alignment, sb.checkpoint_length,
                     sb.checkpoint_checksum, len(sb.checkpoint_regions))
     regions = b"".join(_SB_REGION.pack(i) for i in sb.checkpoint_regions)
-    body = (head + regions).ljust(SUPERBLOCK_SIZE - _SB_SUM.size, b"\x00")
+    body = (head + regions).ljust(_SB_HISTORY_AT, b"\x00") + _SB_HISTORY.pack(
+        sb.newest_seq, sb.newest_index, 0, sb.floor_seq)
     return body + _SB_SUM.pack(checksum(body))
 
 
@@ -147,8 +157,11 @@ def decode_superblock(buf: bytes | bytearray | memoryview) -> Superblock:
     )
     if any(i >= region_count for i in regions):
         raise CorruptObjectError("superblock names a checkpoint region that does not exist")
+    newest_seq, newest_index, _r, floor_seq = _SB_HISTORY.unpack_from(buf, _SB_HISTORY_AT)
+    if newest_index >= max(region_count, 1):
+        raise CorruptObjectError("superblock names a newest region that does not exist")
     return Superblock(region_size, capacity, region_count, raw_uuid, alignment, ck_len, ck_sum,
-                      regions, version)
+                      regions, version, newest_seq, newest_index, floor_seq)
 
 
 # -- regions -------------------------------------------------------------------------------------

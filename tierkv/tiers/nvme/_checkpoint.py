@@ -9,6 +9,8 @@ flushed head in place before the checkpoint is written.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tierkv.errors import CorruptObjectError
 from tierkv.formats.nvme_layout import (
     MAX_CHECKPOINT_REGIONS,
@@ -17,6 +19,7 @@ from tierkv.formats.nvme_layout import (
     CheckpointEntry,
     CheckpointRegion,
     Superblock,
+    align_up,
     checkpoint_chunks,
     checkpoint_total,
     decode_checkpoint,
@@ -51,13 +54,39 @@ class CheckpointIO:
             st.pool.release(buf)
         st.counters["bytes_written"] += SUPERBLOCK_SIZE
 
+    async def record_newest(self) -> None:
+        """After a flush made the log durable: name its newest region use in the superblock,
+        which a later scan checks for (`NvmeRecovery`). It is the head's when there is one (no
+        other is newer), else the newest region's that holds anything. One superblock write
+        and sync, only when that changed: at most once per region opened."""
+        st = self._st
+        _d, _io, sb = st.dev_io()
+        head = st.head
+        if head is not None and head.header_written:
+            newest = (head.seq, head.index)
+        else:
+            newest = max(((r.seq, r.index) for r in st.regions
+                          if r.state is not RegionState.FREE and r.header_written), default=(0, 0))
+        if newest[0] and newest != (sb.newest_seq, sb.newest_index):
+            recorded = replace(sb, newest_seq=newest[0], newest_index=newest[1])
+            await self.write_superblock(recorded)
+            st.sb = recorded  # only once written: a cancelled write is done again next flush
+
     async def load(self, sb: Superblock) -> None:
         """Load the checkpoint `sb` names into the (empty) index; `CorruptObjectError` if bad."""
         st = self._st
-        _d, io, _s = st.dev_io()
+        device, io, _s = st.dev_io()
         size = st.config.region_size
-        parts = [await read_range(io, st.pool, st.offset(i), size)
-                 for i in sb.checkpoint_regions]
+        # only the checkpoint's own blocks: the file may end right after them
+        lengths = [align_up(min(size, sb.checkpoint_length - k * size), st.align)
+                   for k in range(len(sb.checkpoint_regions))]
+        if not lengths or lengths[-1] <= 0 or any(
+                st.offset(i) + n > device.size
+                for i, n in zip(sb.checkpoint_regions, lengths, strict=True)):
+            # a truncated file holds no checkpoint past its end: scan what is left
+            raise CorruptObjectError("checkpoint does not fit its regions or the media")
+        parts = [await read_range(io, st.pool, st.offset(i), n)
+                 for i, n in zip(sb.checkpoint_regions, lengths, strict=True)]
         data = b"".join(parts)
         total, check = checkpoint_total(data)
         if total != sb.checkpoint_length or check != sb.checkpoint_checksum:
@@ -65,10 +94,14 @@ class CheckpointIO:
         ckpt = decode_checkpoint(data, sb.uuid)
         st.next_seq = ckpt.next_seq
         for r in ckpt.regions:
-            if r.index >= st.region_count or r.index in sb.checkpoint_regions:
+            if r.index >= st.region_count or r.index in sb.checkpoint_regions \
+                    or r.seq < sb.floor_seq:
                 raise CorruptObjectError("checkpoint names an impossible region")
+            if st.offset(r.index) + r.used > device.size:
+                raise CorruptObjectError("checkpoint names a region past the end of the media")
             region = st.regions[r.index]
             region.state, region.seq, region.used = RegionState.SEALED, r.seq, r.used
+            region.header_written = True
             region.last_access = r.last_access
             region.shadows = set(r.shadows)
             st.tick = max(st.tick, r.last_access)
@@ -98,6 +131,9 @@ class CheckpointIO:
             self._writes.seal_in_place(st.head)
         regions = [CheckpointRegion(r.index, r.seq, r.used, r.last_access, tuple(sorted(r.shadows)))
                    for r in st.regions if r.state is RegionState.SEALED]
+        # named as the newest: the newest region it describes (its chunks go to FREE ones)
+        newest = max(((r.seq, r.index) for r in regions), default=(sb.newest_seq, sb.newest_index))
+        sb = replace(sb, newest_seq=newest[0], newest_index=newest[1])
         entries = []
         for key in list(st.index.keys()):
             loc, meta = st.index.get(key), st.index.meta(key)

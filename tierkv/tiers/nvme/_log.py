@@ -88,7 +88,7 @@ class RegionLog:
         if head.used - head.durable >= WRITE_CHUNK:
             self._writes.write_behind(head, whole_chunks=True)  # keep the device busy meanwhile
         if flags & TOMBSTONE:
-            head.supersedes.add(key)
+            head.supersedes[key] = at + size
             st.shadow(head, shadowed)
         else:
             st.insert(key, head, offset=at, length=size, meta=meta, hits=hits)
@@ -180,8 +180,8 @@ class RegionLog:
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
         write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
         region.used, region.durable, region.live = st.align, st.align, 0
-        region.failed, region.header_written = None, False
-        region.supersedes = set()
+        region.failed, region.failed_at, region.header_written = None, None, False
+        region.supersedes = {}
         # The new header (new seq) makes the region's old records stale on media, so a crash can
         # never bring back what a reclaim dropped; only once it is written may regions
         # superseding those records be reclaimed in turn. It is written in the background, first
@@ -222,6 +222,8 @@ class RegionLog:
             if spare is not None:
                 return spare, []
             await st.wait_changed()
+        if not st.reuse_failed:  # close's last flush: not into a region whose write failed
+            victims = [r for r in victims if r.failed is None] or victims
         if st.config.eviction is RegionEviction.LRU:
             victim = min(victims, key=lambda r: (r.last_access, r.seq))
         else:

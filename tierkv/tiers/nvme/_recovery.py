@@ -7,7 +7,10 @@ always recovered, never wiped. New media is formatted: a file created by this op
 zeroes it). Anything else (another format, a regular file's zeroed or any damaged superblock,
 another version or geometry, a file shorter than a superblock) is formatted only with
 ``format = true`` and otherwise refused with a `DeviceError` naming the path, leaving it
-untouched. Recovery loads the checkpoint or rebuilds the index by scanning regions (`_scan`).
+untouched. Recovery loads the checkpoint or rebuilds the index by scanning regions (`_scan`);
+media shorter than the configured log is recovered with what it holds (a checkpoint past its end
+is unusable, regions past it are empty). A scan also checks that the region the superblock names
+as the newest a flush made durable is still there, else drops what it cannot order (`_scan`).
 `NvmeRecovery` holds the tier's `LogState` and the checkpoint layer (`CheckpointIO`) whose
 superblock writes and loads it uses.
 """
@@ -15,7 +18,7 @@ superblock writes and loads it uses.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.nvme_layout import (
@@ -128,20 +131,41 @@ class NvmeRecovery:
                 st.sb = sb.without_checkpoint()
                 await self._checkpoint.write_superblock(st.sb)  # a crash from now on must scan
                 return
-        await self._scan(sb)
+        scanned = await self._scan(sb)
         st.recovered_from = "scan"
-        if sb.checkpoint_length:
-            st.sb = sb.without_checkpoint()
+        if scanned != sb:  # the checkpoint it could not use, or a floor over lost history
+            st.sb = scanned.without_checkpoint()
             await self._checkpoint.write_superblock(st.sb)
 
-    async def _scan(self, sb: Superblock) -> None:
+    async def _scan(self, sb: Superblock) -> Superblock:
+        """Rebuild the index from the regions; returns `sb` as it must now be recorded.
+
+        Where the region use the superblock names as the newest a flush made durable is gone
+        (its header destroyed, the media cut short), the records of every older use may be
+        superseded by records that are lost, and nothing tells which: those uses are dropped
+        and, by a floor recorded at once, stay void for every later scan. Newer uses are kept.
+        """
         st = self._st
-        _d, io, _s = st.dev_io()
+        device, io, _s = st.dev_io()
         st.reset_index()
-        for scanned in await scan_regions(io, st.pool, sb):
+        found = await scan_regions(io, st.pool, sb, device.size)
+        st.next_seq = max(st.next_seq, sb.newest_seq + 1, sb.floor_seq)
+        if sb.newest_seq and not any(r.index == sb.newest_index and r.seq >= sb.newest_seq
+                                     for r in found):
+            void = sum(r.seq < sb.newest_seq for r in found)
+            log.error("%s: region %d (seq %d), the newest a flush made durable, is gone from "
+                      "%s: the %d older regions cannot be ordered against what it held and are "
+                      "dropped", st.name, sb.newest_index, sb.newest_seq, device.path, void)
+            st.counters["regions_unordered"] += void
+            found = [r for r in found if r.seq >= sb.newest_seq]
+            newest = max(found, key=lambda r: r.seq, default=None)
+            sb = replace(sb, floor_seq=sb.newest_seq,
+                         newest_seq=newest.seq if newest is not None else 0,
+                         newest_index=newest.index if newest is not None else 0)
+        for scanned in found:
             region = st.regions[scanned.index]
             region.state, region.seq = RegionState.SEALED, scanned.seq
-            region.used = scanned.found.used
+            region.used, region.header_written = scanned.found.used, True
             st.next_seq = max(st.next_seq, scanned.seq + 1)
             st.counters["checksum_failures"] += scanned.found.corrupt
             for entry in scanned.found.entries:
@@ -151,3 +175,4 @@ class NvmeRecovery:
                     st.insert(entry.key, region, offset=entry.offset,
                               length=entry.length, meta=entry.meta, hits=0)
         st.counters["bytes_read"] += sum(r.used for r in st.regions)
+        return sb

@@ -27,6 +27,9 @@ class Region:
     durable: int = 0  # bytes of the buffer whose write was issued (write-behind) or done
     writes: set[asyncio.Task[None]] = field(default_factory=set)  # write-behind in flight
     failed: DeviceError | None = None  # the first write-behind failure of this use
+    # The lowest buffer offset a failed write of this use began at: everything before it
+    # reached the media (`RegionWrites.drop_failed` keeps the entries there). 0: the header.
+    failed_at: int | None = None
     readers: int = 0  # device reads in flight; a region with readers is never reclaimed
     last_access: int = 0
     buffer: AlignedBuffer | None = None
@@ -36,10 +39,11 @@ class Region:
     # older record with nothing newer and bring it back.
     shadows: set[int] = field(default_factory=set)
     # Keys whose older records (in an older region, or earlier in this one) a record here
-    # supersedes: its tombstones and cross-region overwrites. Kept only until the region is
-    # durably written (emptied once SEALED): if its write fails, they are tombstoned again
+    # supersedes: its tombstones and cross-region overwrites, each with the end offset of its
+    # latest such record. Kept only until the region is durably written (emptied once SEALED):
+    # if a write fails, those whose record lies in what failed are tombstoned again
     # (`Superseded`), else a scan would bring the older records back.
-    supersedes: set[bytes] = field(default_factory=set)
+    supersedes: dict[bytes, int] = field(default_factory=dict)
 
 
 #: the seq `Superseded` names an earlier use of a region by (no use has it)
@@ -50,8 +54,9 @@ EARLIER = -1
 class Superseded:
     """What a region whose write failed had superseded, to be tombstoned again in the head.
 
-    `keys`: its `Region.supersedes` and the keys it held (their older versions, in older regions
-    or in what of it reached the media, must not resurface). `regions`: ``(index, seq)`` of the
+    `keys`: the keys of its `Region.supersedes` and of its entries whose records lay in what
+    failed (their older versions, in older regions, earlier in it or in what of the failed part
+    reached the media, must not resurface). `regions`: ``(index, seq)`` of the
     regions that may still hold older records of them on media (its own shadows and itself;
     seq `EARLIER` for a use before the region's current one); the region holding the new
     tombstones must not be reclaimed before them.

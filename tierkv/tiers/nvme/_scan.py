@@ -1,8 +1,11 @@
 """Rebuilding the NVMe tier's index by scanning region entry headers (no valid checkpoint).
 
 Every region whose first block is a valid region header of this device (magic, uuid, index,
-checksum) is read whole and parsed entry by entry (`nvme_layout.scan_entries`, which says what
-counts). This module does the reading; the bytes are the layout's.
+checksum) and whose use is not older than the superblock's floor is read whole and parsed entry
+by entry (`nvme_layout.scan_entries`, which says what counts). Media shorter than the configured
+log (a truncated file, a smaller device) is read up to its end: a region whose header lies past
+it is absent, one cut by it is read up to the last whole block before it, the rest counting as
+zeros (no entries). This module does the reading; the bytes are the layout's.
 """
 
 from __future__ import annotations
@@ -47,22 +50,29 @@ async def read_range(io: BlockIO, pool: AlignedPool, offset: int, length: int,
     return out
 
 
-async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock) -> list[ScannedRegion]:
-    """The valid regions, oldest first, each with its intact entries in log order."""
+async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
+                       ) -> list[ScannedRegion]:
+    """The valid regions, oldest first, each with its intact entries in log order; `end` is
+    the size of the media (nothing at or past it is read)."""
     align = sb.alignment
     headers: list[tuple[int, int]] = []
     head = pool.acquire(align)
     try:
         for index in range(sb.region_count):
+            if sb.region_offset(index) + align > end:
+                break  # regions lie in index order: this one and the rest are past the end
             await io.read(head, sb.region_offset(index), align)
             seq = decode_region_header(head.view, sb.uuid, index)
-            if seq is not None:
+            if seq is not None and seq >= sb.floor_seq:
                 headers.append((seq, index))
     finally:
         pool.release(head)
     found = []
     for seq, index in sorted(headers):
-        data = await read_range(io, pool, sb.region_offset(index), sb.region_size)
+        offset = sb.region_offset(index)
+        length = min(sb.region_size, (end - offset) // align * align)
+        data = await read_range(io, pool, offset, length)
+        data.extend(bytes(sb.region_size - length))
         found.append(ScannedRegion(index, seq, scan_entries(memoryview(data), sb.uuid, seq,
                                                             align)))
     return found

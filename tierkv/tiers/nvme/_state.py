@@ -82,7 +82,7 @@ class LogState:
         self.live = 0
         self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
                          "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
-                         "checkpoint_skipped": 0}
+                         "checkpoint_skipped": 0, "regions_unordered": 0}
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -126,7 +126,7 @@ class LogState:
             self.live -= old.length
             self.shadow(region, old)
             if old.region != region.index and region.state is RegionState.HEAD:
-                region.supersedes.add(key)
+                region.supersedes[key] = offset + length
         region.live += length
         self.live += length
 

@@ -55,30 +55,46 @@ class RegionWrites:
             self.drop_failed(region, exc)
         else:
             region.state = RegionState.SEALED
-            region.supersedes = set()  # its records now supersede on media (a new set frees it)
+            region.supersedes = {}  # its records now supersede on media (a new dict frees it)
         finally:
             if region.buffer is not None:
                 st.pool.release(region.buffer)
                 region.buffer = None
 
     def drop_failed(self, region: Region, exc: DeviceError) -> None:
-        """`region`'s write failed: drop its entries, queue tombstones for what it superseded.
+        """`region`'s write failed: drop what the failed writes carried, queue tombstones.
 
-        Its entries' keys are reported dropped at once (`LogState.drop`) and returned by the
-        next `put`. What it superseded (its tombstones and overwrites, and its own entries, part
-        of which may have reached the media) would come back from older records at a scan, so
-        those keys are queued (`Superseded`) to be tombstoned again in the head by the next
-        operation under the lock; keys stored again meanwhile make their new region wait for
-        the older ones at once. Regions shadowing `region` keep waiting until its next header
-        is written: what of this use reached the media stays valid for a scan until then. The
-        region becomes FREE; the caller releases its buffer.
+        Everything before `Region.failed_at` reached the media (earlier flushes returned on it):
+        those entries stay indexed and the region becomes SEALED, keeping its shadows, as if it
+        had been sealed there. Entries ending past that point are dropped, their keys reported
+        at once (`LogState.drop`) and returned by the next `put`. A failed header leaves none of
+        this use on media, and a region keeping nothing becomes FREE: regions shadowing it keep
+        waiting until its next header is written (what of this use reached the media stays
+        valid for a scan until then). What the dropped part superseded, and the dropped keys
+        (older versions of them, earlier in this region, in older ones or in what of the failed
+        part reached the media, would come back at a scan), is queued (`Superseded`) to be
+        tombstoned again in the head by the next operation under the lock; keys stored again
+        meanwhile make their new region wait for the older ones at once. The caller releases
+        the buffer.
         """
         st = self._st
         st.write_error = exc
-        lost = st.index.keys_in_region(region.index)
+        cut = region.failed_at or 0  # 0: its header failed, so nothing of this use counts
+        lost, kept = [], False
+        for key in st.index.keys_in_region(region.index):
+            loc = st.index.get(key)
+            assert loc is not None
+            if loc.offset + loc.length > cut:
+                lost.append(key)
+            else:
+                kept = True
         for key in lost:
             st.forget(key)
-        keys = frozenset(region.supersedes.union(lost))
+        superseded = {key for key, end in region.supersedes.items() if end > cut}
+        # a tombstone or overwrite before the cut supersedes on media only while this region
+        # is there, so it stays SEALED for those too
+        kept = kept or len(superseded) < len(region.supersedes)
+        keys = frozenset(superseded.union(lost))
         if keys:
             # a shadowed region reused since this one opened (a newer seq) is named by EARLIER:
             # its earlier use holds the records, stale once the new use's header is on media
@@ -91,8 +107,11 @@ class RegionWrites:
                 loc = st.index.get(key)
                 if loc is not None:
                     st.inherit(st.regions[loc.region], item.regions)
-        region.shadows, region.supersedes = set(), set()
-        region.state = RegionState.FREE
+        region.supersedes = {}
+        if kept:
+            region.state, region.used = RegionState.SEALED, min(region.used, cut)
+        else:
+            region.shadows, region.state = set(), RegionState.FREE
         st.drop(lost)  # last: the owner is told in a consistent state
 
     def retire_head(self, head: Region, exc: DeviceError) -> None:
@@ -117,16 +136,23 @@ class RegionWrites:
         # split at device offsets that are multiples of the chunk, as fio's 1 MiB blocks are
         cuts = [start, *range((base + start) // WRITE_CHUNK * WRITE_CHUNK + WRITE_CHUNK - base,
                               end, WRITE_CHUNK), end]
-        if len(cuts) == 2:
-            await io.write(buffer, base + start, end - start, start, urgent=urgent)
-        else:
-            # every piece ends before a failure is raised: the buffer is released after it
-            results = await asyncio.gather(*(io.write(buffer, base + a, b - a, a)
-                                             for a, b in itertools.pairwise(cuts)),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
+        failed_from = start
+        try:
+            if len(cuts) == 2:
+                await io.write(buffer, base + start, end - start, start, urgent=urgent)
+            else:
+                # every piece ends before a failure is raised: the buffer is released after it
+                pieces = list(itertools.pairwise(cuts))
+                results = await asyncio.gather(*(io.write(buffer, base + a, b - a, a)
+                                                 for a, b in pieces), return_exceptions=True)
+                for (a, _b), result in zip(pieces, results, strict=True):
+                    if isinstance(result, BaseException):
+                        failed_from = a  # the pieces before it are on media
+                        raise result
+        except DeviceError:
+            if region.failed_at is None or failed_from < region.failed_at:
+                region.failed_at = failed_from
+            raise
         st.counters["bytes_written"] += end - start
 
     def write_behind(self, region: Region, *, whole_chunks: bool = False) -> None:
@@ -168,5 +194,5 @@ class RegionWrites:
             st.pool.release(head.buffer)
             head.buffer = None
         head.state = RegionState.SEALED
-        head.supersedes = set()
+        head.supersedes = {}
         st.head = None
