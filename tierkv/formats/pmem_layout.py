@@ -4,7 +4,9 @@
 PMDK* (`inspect_pool`) from its first bytes: PMDK's pool header starts with the signature
 ``PMEMOBJ\\0`` and the layout name sits NUL-terminated at offset 4096 (PMDK 1.12). This check runs
 before PMDK ever sees a file, because ``pmemobj_open`` with a wrong layout name rewrites parts of
-the pool header even though it fails. A file of size 0 is *new* (`PoolFile.EMPTY`: what
+the pool header even though it fails. It recognises, it does not validate: damage to what PMDK
+reads at open is found by opening the pool in a probe process first (`tiers.pmem._probe`),
+since PMDK follows some of it unchecked. A file of size 0 is *new* (`PoolFile.EMPTY`: what
 `tierkv format` leaves, created like an absent one); a zero-filled file is not a pool. The first
 `HEADER_AREA` bytes hold both headers: zeroing them is how a device (which cannot be truncated)
 is made new again, and PMDK creates a pool over a device only where they are zero.

@@ -3,7 +3,8 @@
 Separate from the tier because it is the open-time half of it: it runs once, on the copy thread,
 before the tier serves anything; it decides what the media at the configured path may become
 (`open_pool`: the one meaning of ``format``; `wipe`: `tierkv format`) and walks the pool to find
-the live records (`PoolObject`) that the tier then indexes.
+the live records (`PoolObject`) that the tier then indexes. An existing pool is opened and walked
+in a probe process first (`_probe`), so that damage PMDK does not check cannot crash this one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tierkv.formats.header import verify_payload
 from tierkv.formats.value import ObjectMeta
 from tierkv.tiers._wipe import Wiped, wipe_media
 from tierkv.tiers.pmem import _pmemobj as pmemobj
+from tierkv.tiers.pmem import _probe
 from tierkv.tiers.pmem._copy import pool_view
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ def open_pool(config: PmemTierConfig, name: str, capacity: int) -> pmemobj.Pool:
     - new media gets a new pool for `capacity`, whatever ``format`` says: nothing at the path,
       an empty file, a device whose header area is zero;
     - media that holds no usable tierkv pool (another file, a zero-filled one, another layout,
-      a pool header PMDK finds invalid, a root record not ours) is replaced with
+      a pool PMDK finds invalid, one so damaged that opening it crashes or hangs PMDK, shown
+      in a probe process (`_probe`), a root record not ours) is replaced with
       ``format = true``; without it it is refused (`DeviceError` naming the path) and none of
       it is overwritten (PMDK's open may update its own run-time state in a pool it opens);
     - a valid pool is opened, with its objects, whatever ``format`` says.
@@ -126,16 +129,28 @@ def wipe(config: PmemTierConfig) -> Wiped:
 
 
 def _open_usable(path: Path) -> pmemobj.Pool:
-    """``pmemobj_open`` and the root check; `_Unusable` when PMDK finds the pool header invalid
-    (EINVAL: its checksum, version, layout or size) or the root is not a tierkv root."""
+    """``pmemobj_open`` and the root check; `_Unusable` when PMDK finds the pool invalid
+    (EINVAL: the checksum, version, layout or size of its header or descriptor; or its heap
+    header, zone or chunk headers), when the pool is damaged where PMDK does not check
+    (`_probe.Damaged`) or the root is not a tierkv root.
+
+    The media is opened first in a probe process (`_probe`), and here only once that probe
+    has opened and walked it: damage that would crash PMDK kills the probe, not this process.
+    """
     try:
+        _probe.probe_open(path, layout.LAYOUT_NAME, layout.ROOT_SIZE)
         pool = pmemobj.open_pool(path, layout.LAYOUT_NAME)
+    except _probe.Damaged as exc:
+        raise _Unusable(f"{path}: damaged pmem pool ({exc})") from exc
     except DeviceError as exc:
         code = pmemobj.failure_errno(exc)
         if code in pmemobj.IN_USE_ERRNOS:
             raise DeviceError(f"{path}: pmem pool is in use by another process "
                               "(or already open)") from exc
-        if code == errno.EINVAL:
+        # EINVAL: PMDK found the pool header, the descriptor or the layout invalid; a negative
+        # "errno" is no OS error but the -1 that PMDK 1.12's heap verification (heap header,
+        # zone and chunk headers) leaves in errno
+        if code == errno.EINVAL or (code is not None and code < 0):
             raise _Unusable(f"{path}: damaged or foreign pmem pool ({exc})") from exc
         raise  # EACCES, EIO, ENOMEM...: the pool may be whole, it is no reason to replace it
     try:
