@@ -89,3 +89,8 @@ def o_direct_supported(path: Path) -> bool:
         return True
     finally:
         os.unlink(name)
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (cgroup limits are not looked at)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tierkv._platform import cuda_available
+from tierkv._platform import cuda_available, physical_memory
 from tierkv._units import format_size
 from tierkv.config.schema import (
     NVME_SUPERBLOCK,
@@ -108,17 +108,13 @@ def _existing_ancestor(path: Path) -> Path:
     return ancestor
 
 
-def _physical_memory() -> int:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def check_memory(t: KeyErrors, device: str, capacity: int) -> None:
     """A gpu tier allocates its whole capacity at open: refuse one its device cannot hold,
     rather than let the allocation fail (or the OOM killer end the process) later."""
     if device == "auto":
         device = "cuda:0" if cuda_available() else "cpu"
     if device == "cpu":
-        total, where = _physical_memory(), "the machine's physical memory"
+        total, where = physical_memory(), "the machine's physical memory"
     else:
         import torch
 

@@ -13,7 +13,7 @@ was replaced learns that its result is void.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tierkv.formats.value import ObjectMeta
@@ -61,10 +61,6 @@ class Index:
 
     def get(self, key: bytes) -> IndexEntry | None:
         return self._entries.get(key)
-
-    def entries(self) -> Iterator[IndexEntry]:
-        """A snapshot of every entry."""
-        return iter(list(self._entries.values()))
 
     def volatile(self) -> list[IndexEntry]:
         """A snapshot of the published entries that no persistent tier holds."""

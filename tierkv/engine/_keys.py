@@ -59,9 +59,6 @@ class KeyGate:
         """Whether an operation holds or waits for `key` (or its cleanup is pending)."""
         return key in self._claims
 
-    def __len__(self) -> int:
-        return len(self._claims)
-
     def busy_keys(self) -> list[bytes]:
         """The keys held or waited for now (few: one per operation in progress)."""
         return list(self._claims)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -31,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tierkv._platform import cuda_available
+from tierkv._platform import cuda_available, physical_memory
 from tierkv.config import GpuTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
@@ -104,7 +103,7 @@ class GpuTier(Tier):
         if self.device.type == "cpu":
             # the loader refuses this too, but a Config built in code skips the loader; past
             # physical memory the zeroing below would only end in the OOM killer
-            memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            memory = physical_memory()
             if nbytes > memory:
                 raise DeviceError(f"tier {self.name!r}: cannot allocate {nbytes} bytes on cpu: "
                                   f"the machine has {memory} bytes of physical memory")
