@@ -80,3 +80,37 @@ async def test_file_count_is_constant(tmp_path: Path) -> None:
     finally:
         await tier.close()
     assert os.listdir(tmp_path) == ["tier.log"]
+
+
+async def test_region_bookkeeping_grows_with_use_not_capacity(tmp_path: Path) -> None:
+    """A 64 GiB log (a sparse file) written lightly keeps DRAM state for the regions it touched
+    only, across a close and a scan-free reopen; the untouched ones still count as free."""
+    import tracemalloc
+
+    regions = 65536
+    config = nvme_config(tmp_path, regions=regions, reinsert_hits=0)
+    tracemalloc.start()
+    try:
+        tier = NvmeTier(config)
+        await tier.open()
+        try:
+            await _put_all(tier, range(300))  # ~2.3 MiB: three regions
+            stats = tier.stats()
+            assert stats["regions_in_memory"] <= 8
+            assert stats["regions_free"] + stats["regions_used"] == regions
+            assert stats["regions_free"] >= regions - 8
+            _current, peak = tracemalloc.get_traced_memory()
+        finally:
+            await tier.close()
+    finally:
+        tracemalloc.stop()
+    # one eager Region with its sets is ~600 bytes: 65536 of them would be ~40 MB
+    assert peak < 16 << 20
+    reopened = NvmeTier(config)
+    await reopened.open()
+    try:
+        assert reopened.stats()["regions_in_memory"] <= 16
+        got = await reopened.get(key(299))
+        assert got is not None and payload_bytes(got[1]) == payload_for(299, 8000)
+    finally:
+        await reopened.close()

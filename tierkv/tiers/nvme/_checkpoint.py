@@ -143,7 +143,7 @@ class CheckpointIO:
                                            meta.generation, meta.parents))
         data = encode_checkpoint(Checkpoint(sb.uuid, st.next_seq, tuple(regions), entries))
         chunks = checkpoint_chunks(data, st.config.region_size, st.align)
-        free = [r.index for r in st.regions if r.state is RegionState.FREE]
+        free = st.regions.free_indices(min(len(chunks), MAX_CHECKPOINT_REGIONS))
         if len(chunks) > len(free) or len(chunks) > MAX_CHECKPOINT_REGIONS:
             st.counters["checkpoint_skipped"] += 1
             log.warning("%s: no room for a %d-byte checkpoint; the next open will scan",

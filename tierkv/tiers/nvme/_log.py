@@ -158,8 +158,7 @@ class RegionLog:
         st = self._st
         # `reuse_failed` is False for close's last flush: a region whose write failed (perhaps a
         # bad area) is then reused only when no victim can be reclaimed (see `_reclaim`)
-        free = next((r for r in st.regions if r.state is RegionState.FREE
-                     and (st.reuse_failed or r.failed is None)), None)
+        free = st.regions.first_free(lambda r: st.reuse_failed or r.failed is None)
         region, hot = (free, []) if free is not None else await self._reclaim()
         try:
             while region.readers:  # reads that began before the index let go of the region
@@ -218,7 +217,7 @@ class RegionLog:
                 break
             # Failed writes can leave every sealed region waiting for a FREE one (a region
             # shadowing a failed region waits for its reuse): reuse it then.
-            spare = next((r for r in st.regions if r.state is RegionState.FREE), None)
+            spare = st.regions.first_free()
             if spare is not None:
                 return spare, []
             await st.wait_changed()

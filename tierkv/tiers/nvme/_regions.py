@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tierkv.errors import DeviceError
@@ -64,3 +65,53 @@ class Superseded:
 
     keys: frozenset[bytes]
     regions: tuple[tuple[int, int], ...]
+
+
+class RegionTable:
+    """The log's regions, each made on first use, so that a capacity never written costs no
+    memory: regions are taken lowest index first (`first_free`), and those past the highest
+    one ever touched exist only as a count. Iterating yields the regions made so far; every
+    other region is FREE and has never held anything in this process.
+    """
+
+    __slots__ = ("_made", "count")
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._made: list[Region] = []
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[Region]:
+        return iter(self._made)
+
+    def __getitem__(self, index: int) -> Region:
+        made = self._made
+        if index >= len(made):
+            if not 0 <= index < self.count:
+                raise IndexError(index)
+            made.extend(Region(i) for i in range(len(made), index + 1))
+        return made[index]
+
+    @property
+    def made(self) -> int:
+        """How many regions have been made: the DRAM the table costs, in regions."""
+        return len(self._made)
+
+    def first_free(self, usable: Callable[[Region], bool] = lambda _r: True) -> Region | None:
+        """The lowest-indexed FREE region that is `usable`, making a fresh one if no region
+        made so far qualifies; ``None`` when there is none at all."""
+        for region in self._made:
+            if region.state is RegionState.FREE and usable(region):
+                return region
+        if len(self._made) < self.count:
+            return self[len(self._made)]
+        return None
+
+    def free_indices(self, wanted: int) -> list[int]:
+        """Indices of up to `wanted` FREE regions, lowest first (fresh ones made as needed)."""
+        free = [r.index for r in self._made if r.state is RegionState.FREE][:wanted]
+        while len(free) < wanted and len(self._made) < self.count:
+            free.append(self[len(self._made)].index)
+        return free

@@ -20,7 +20,7 @@ from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, Superblock
 from tierkv.formats.value import ObjectMeta
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._index import Location, NvmeIndex
-from tierkv.tiers.nvme._regions import Region, RegionState, Superseded
+from tierkv.tiers.nvme._regions import Region, RegionState, RegionTable, Superseded
 from tierkv.tiers.nvme.io._aligned import AlignedPool
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
@@ -63,7 +63,7 @@ class LogState:
         self.pool = AlignedPool()
         self.sb: Superblock | None = None
         self.index = NvmeIndex(4096)
-        self.regions: list[Region] = []
+        self.regions = RegionTable(0)
         self.head: Region | None = None
         self.next_seq = 1
         self.tick = 0
@@ -114,7 +114,7 @@ class LogState:
     def reset_index(self) -> None:
         """An empty index over all-FREE regions (before a scan, or after a checkpoint failed)."""
         self.index = NvmeIndex(self.align)
-        self.regions = [Region(i) for i in range(self.region_count)]
+        self.regions = RegionTable(self.region_count)
         self.live = 0
 
     def insert(self, key: bytes, region: Region, *, offset: int, length: int,

@@ -113,7 +113,7 @@ from tierkv.tiers.nvme._device import make_backend, open_device
 from tierkv.tiers.nvme._index import NvmeIndex
 from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
-from tierkv.tiers.nvme._regions import Region, RegionState
+from tierkv.tiers.nvme._regions import RegionState, RegionTable
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
@@ -175,7 +175,7 @@ class NvmeTier(Tier):
         st.index = NvmeIndex(device.alignment)
         try:
             st.io = make_backend(self.config, device)
-            st.regions = [Region(i) for i in range(st.region_count)]
+            st.regions = RegionTable(st.region_count)
             await self._recovery.load_or_format(device)
             # the head and the regions being sealed each fill one region buffer: fault them in
             # now, not in the put that rotates the head (a 64 MiB prefault stalled the loop, and
@@ -365,7 +365,9 @@ class NvmeTier(Tier):
             "sq_poll": getattr(st.io, "sq_poll", None),
             "eagain_retries": getattr(st.io, "eagain_retries", 0),
             "regions_used": sum(s is not RegionState.FREE for s in states),
-            "regions_free": sum(s is RegionState.FREE for s in states),
+            "regions_free": st.regions.count - sum(s is not RegionState.FREE for s in states),
+            # regions with bookkeeping in DRAM: those touched so far, not the capacity
+            "regions_in_memory": st.regions.made,
             "entries": len(st.index),
             "buffer_bytes_mapped": st.pool.mapped,
             "recovered_from": st.recovered_from,
