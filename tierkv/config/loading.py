@@ -28,6 +28,7 @@ from tierkv.config.schema import (
     NVME_SUPERBLOCK,
     SQ_POLL_MAX,
     SQ_POLL_MIN,
+    Admission,
     Config,
     EngineConfig,
     EvictionPolicy,
@@ -216,6 +217,11 @@ def _parse(document: Mapping[str, Any]) -> Config:
             "eviction_batch", scheduler_defaults.eviction_batch, low=1, high=4096),
         promote_on_hit=scheduler_table.boolean(
             "promote_on_hit", scheduler_defaults.promote_on_hit),
+        alpha=scheduler_table.number("alpha", scheduler_defaults.alpha, low=0.0, high=1.0),
+        beta=scheduler_table.number("beta", scheduler_defaults.beta, low=0.0, high=1e6),
+        admission=scheduler_table.choice("admission", Admission, scheduler_defaults.admission),
+        prefetch_depth=scheduler_table.integer(
+            "prefetch_depth", scheduler_defaults.prefetch_depth, low=0, high=1024),
     )
     scheduler_table.finish()
 

@@ -51,7 +51,17 @@ class RegionEviction(enum.Enum):
 
 
 class EvictionPolicy(enum.Enum):
+    #: plain least-recently-used order per tier, every demotion admitted (the baseline)
     LRU = "lru"
+    #: LRU++ scores (decayed count x recency decay), prefix-aware victims, adaptive admission
+    LRUPP = "lru++"
+
+
+class Admission(enum.Enum):
+    #: a frequency filter in front of each persistent tier whose strictness follows hit ratio
+    ADAPTIVE = "adaptive"
+    #: every object demoted into a tier is admitted
+    PASS_ALL = "pass_all"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +138,14 @@ class SchedulerConfig:
     eviction_batch: int = 16
     #: a hit served from a lower tier copies the object up into the first tier (background)
     promote_on_hit: bool = True
+    #: LRU++: an access decays the earlier access count by `alpha` before adding one
+    alpha: float = 0.95
+    #: LRU++: the score decays as exp(-beta * idle seconds)
+    beta: float = 0.005
+    #: who may enter the persistent tiers when something is demoted (`lru++` only)
+    admission: Admission = Admission.ADAPTIVE
+    #: blocks after a read one of a known chain, warmed into the first tier in the background
+    prefetch_depth: int = 4
 
 
 @dataclass(frozen=True, slots=True)

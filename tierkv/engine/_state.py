@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig
@@ -28,8 +28,11 @@ log = logging.getLogger("tierkv.engine")
 
 
 class EngineState:
-    def __init__(self, config: Config, tiers: tuple[Tier, ...]) -> None:
+    def __init__(self, config: Config, tiers: tuple[Tier, ...],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        #: the time policy sees (access times, decay, TTL); a replay passes a virtual clock
+        self.now = clock
         self.tiers = tiers
         self.names = tuple(tier.name for tier in tiers)
         #: each tier as `ZeroCopyPinning` where it is one (checked once: a runtime protocol check
@@ -77,10 +80,6 @@ class EngineState:
     def check_open(self) -> None:
         if self.closing:
             raise EngineClosedError("the engine is closed")
-
-    @staticmethod
-    def now() -> float:
-        return time.monotonic()
 
     def spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run `coroutine` in the background; close waits for it."""

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -53,10 +54,11 @@ ValueT = TypeVar("ValueT", bound=Value)
 class Engine:
     """A tiered object store; build it with `tierkv.open(config)`."""
 
-    def __init__(self, config: Config, tiers: Sequence[Tier]) -> None:
+    def __init__(self, config: Config, tiers: Sequence[Tier],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.tiers: tuple[Tier, ...] = tuple(tiers)
-        self._st = st = EngineState(config, self.tiers)
+        self._st = st = EngineState(config, self.tiers, clock)
         copies = CopyOps(st)
         st.scrub = copies.scrub
         self._executor = MoveExecutor(st, Moves(st, copies))
