@@ -118,6 +118,7 @@ class CopyOps:
                 else:
                     if st.index.add_copy(entry, tier, st.now()):
                         claim.clear(tier)
+                    st.counters.written_bytes[st.names[tier]] += nbytes
                     space.stored()
                     return True
             if not wait:

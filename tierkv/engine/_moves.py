@@ -80,6 +80,7 @@ class Moves:
             await st.commits[placed].sync()
         await self._copies.remove(entry, source, claim)
         st.counters.demotions[st.names[placed]] += 1
+        st.counters.demoted_bytes[st.names[placed]] += plan.nbytes
         st.counters.evictions[st.names[source]] += 1
         return True
 
@@ -97,4 +98,5 @@ class Moves:
             return False
         st.counters.moved_bytes += plan.nbytes
         st.counters.promotions[st.names[plan.target]] += 1
+        st.counters.promoted_bytes[st.names[plan.target]] += plan.nbytes
         return True

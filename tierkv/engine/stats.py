@@ -30,6 +30,11 @@ class EngineCounters:
     moves_discarded: int = 0
     #: bytes copied by background moves
     moved_bytes: int = 0
+    #: payload bytes moved down into / copied up into each tier, and every payload byte stored
+    #: into each tier (by puts, flushes and moves alike), by tier name
+    demoted_bytes: Counter[str] = field(default_factory=Counter)
+    promoted_bytes: Counter[str] = field(default_factory=Counter)
+    written_bytes: Counter[str] = field(default_factory=Counter)
     #: writes that waited for space in a full tier (backpressure), and the ones that gave up
     space_waits: int = 0
     space_timeouts: int = 0
