@@ -206,3 +206,37 @@ async def test_get_many_keeps_at_most_the_queue_depth_in_flight(tmp_path: Path) 
         assert got[:-1] == list(values.values()) and got[-1] is None
         assert kv.stats()["tiers"]["pmem"]["copies_in_flight_max"] <= 4
         assert peak_tasks <= 40  # a few workers, not one task per key
+
+
+async def test_demotions_into_a_full_middle_tier_never_wait_behind_each_other(
+        tmp_path: Path) -> None:
+    """gpu → pmem → nvme, all full, and the whole gpu expires at once (its TTL passes on the
+    scheduler's clock): hundreds of gpu → pmem demotions wait for pmem room, which only the
+    pmem → nvme demotions make. With one shared queue of move workers, every worker held a
+    waiting gpu → pmem move while the pmem → nvme moves queued behind them, until the moves and
+    then the puts timed out; each tier's departures have their own workers now."""
+    config = {
+        "engine": {"space_timeout": "3s"},
+        "scheduler": {"background_bandwidth": "off", "migration_concurrency": 2},
+        "tiers": [
+            {"name": "gpu", "kind": "gpu", "device": "cpu", "capacity": "4MiB",
+             "slot_size": "20KiB", "ttl": "5s"},
+            {"name": "pmem", "kind": "pmem", "path": str(tmp_path / "p.pool"),
+             "capacity": "16MiB", "format": True},
+            {"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
+             "capacity": "9MiB", "region_size": "1MiB", "queue_depth": 8, "format": True},
+        ],
+    }
+    value = os.urandom(16 * KiB)
+    now = [0.0]
+    async with tierkv.open(config, clock=lambda: now[0]) as kv:
+        for round_ in range(6):
+            for i in range(400):
+                await kv.put(b"k%d.%d" % (round_, i), value)
+            now[0] += 60.0  # the gpu's objects are all idle past their TTL now
+            await asyncio.sleep(1.1)  # the expiry task looks (at least once a second)
+        await asyncio.wait_for(kv.settle(), 60)
+        stats = kv.stats()["engine"]
+        assert stats["moves_failed"] == 0 and stats["space_timeouts"] == 0
+        assert stats["expired"] > 0
+        assert await kv.get(b"k5.399") == value

@@ -1,7 +1,11 @@
 """The migration executor: plans run as background tasks, a bounded number at once.
 
-`submit` queues a plan and returns at once; `migration_concurrency` worker tasks take plans in
-the order they came and move data (together they respect the byte budget, `_budget`). A worker
+`submit` queues a plan and returns at once. Plans wait in lanes: one per tier for the departures
+from it, one for promotions; each lane has `migration_concurrency` worker tasks taking its plans
+in the order they came (all together respect the byte budget, `_budget`). A demotion into a full
+tier waits for that tier's own departures, so those must never queue behind it: with one shared
+queue, every worker could hold a gpu → pmem demotion waiting for pmem room while the pmem → nvme
+demotions that would make the room sat behind them, until each timed out. A worker
 is never cancelled because some caller stopped waiting; `drain` waits until every plan submitted
 has ended (settle, close), `stop` ends the workers. What each plan does is `_moves`; a failure
 is logged and counted, and the plan's object is set at the young end of its tier's policy so
@@ -26,15 +30,23 @@ log = logging.getLogger("tierkv.engine")
 Done = Callable[[bool], None]
 
 
+class _Lane:
+    __slots__ = ("queue", "ready")
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[Plan, bool, Done | None]] = deque()
+        self.ready = asyncio.Event()
+
+
 class MoveExecutor:
-    """A fixed set of `migration_concurrency` worker tasks taking plans from one queue, first
-    come first served (a task per plan cost more than many moves' own work on the loop)."""
+    """Fixed sets of `migration_concurrency` worker tasks, one set per lane, each taking plans
+    first come first served (a task per plan cost more than many moves' own work on the loop)."""
 
     def __init__(self, state: EngineState, moves: Moves) -> None:
         self._st = state
         self._moves = moves
-        self._queue: deque[tuple[Plan, bool, Done | None]] = deque()
-        self._ready = asyncio.Event()
+        #: lane i: departures from tier i; the last lane: promotions (which never wait for room)
+        self._lanes = [_Lane() for _ in range(len(state.tiers) + 1)]
         self._idle = asyncio.Event()
         self._idle.set()
         self._workers: list[asyncio.Task[None]] = []
@@ -43,17 +55,19 @@ class MoveExecutor:
 
     def start(self) -> None:
         count = self._st.config.scheduler.migration_concurrency
-        self._workers = [asyncio.get_running_loop().create_task(self._work())
-                         for _ in range(count)]
+        loop = asyncio.get_running_loop()
+        self._workers = [loop.create_task(self._work(lane))
+                         for lane in self._lanes for _ in range(count)]
 
     def submit(self, plan: Plan, done: Done | None = None, *, background: bool) -> None:
         """Run `plan` in the background; its entry must already be marked `moving`.
         `background`: no write waits for it (expiry, promotion): it is paced by
         `background_bandwidth` too."""
-        self._queue.append((plan, background, done))
+        lane = self._lanes[-1 if isinstance(plan, Promote) else departs_from(plan)]
+        lane.queue.append((plan, background, done))
         self.in_flight += 1
         self._idle.clear()
-        self._ready.set()
+        lane.ready.set()
 
     async def drain(self) -> None:
         """Wait until every plan submitted so far has ended."""
@@ -67,12 +81,12 @@ class MoveExecutor:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
 
-    async def _work(self) -> None:
+    async def _work(self, lane: _Lane) -> None:
         while True:
-            while not self._queue:
-                self._ready.clear()
-                await self._ready.wait()
-            plan, background, done = self._queue.popleft()
+            while not lane.queue:
+                lane.ready.clear()
+                await lane.ready.wait()
+            plan, background, done = lane.queue.popleft()
             await self._run(plan, background, done)
 
     async def _run(self, plan: Plan, background: bool, done: Done | None) -> None:
