@@ -101,7 +101,7 @@ class Index:
         if tier not in entry.locations:
             entry.locations.append(tier)
             entry.locations.sort()
-        self._scheduler.admitted(tier, entry.key, now)
+        self._scheduler.admitted(tier, entry.key, now, entry.meta.parents)
         if not entry.published:
             entry.published = True
             previous = self._entries.get(entry.key)

@@ -59,6 +59,7 @@ class Reads:
             if got is not None and got[0].generation == entry.generation:
                 st.counters.hits[st.names[tier]] += 1
                 st.scheduler.accessed(tier, key, st.now())
+                st.scheduler.looked_up(key, True)
                 if tier:
                     self._maybe_promote(entry, tier)
                 return got
@@ -66,6 +67,7 @@ class Reads:
                 self._copies.lost(entry, tier)
             # else the copy moved away while we read: try where it is now
         st.counters.misses += 1
+        st.scheduler.looked_up(key, False)
         return None
 
     def _maybe_promote(self, entry: IndexEntry, tier: int) -> None:

@@ -39,7 +39,8 @@ class EngineState:
         #: costs tens of microseconds, and moves out of the gpu tier ask on every move)
         self.pinning: tuple[ZeroCopyPinning | None, ...] = tuple(
             tier if isinstance(tier, ZeroCopyPinning) else None for tier in tiers)
-        self.scheduler = Scheduler(tiers, config.scheduler)
+        self.scheduler = Scheduler(tiers, config.scheduler,
+                                   [tier.capacity for tier in tiers])
         self.index = Index([tier.persistent for tier in tiers], self.scheduler)
         self.counters = EngineCounters()
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

@@ -13,6 +13,9 @@ from typing import Protocol
 class SizedTier(Protocol):
     def can_ever_hold(self, nbytes: int) -> bool: ...
 
+    def fits(self, nbytes: int) -> bool:
+        """Whether the tier has room for `nbytes` now (a read of its counters, no IO)."""
+
 
 class TierShape(SizedTier, Protocol):
     """What policy knows of a tier: its geometry and two facts of its mechanism."""

@@ -6,6 +6,12 @@ to (`write_tier`), where write-through and `flush` make an object durable (`dura
 a copy goes when it must leave a tier (`departures`, `expired`), and whether a hit in a lower tier
 earns a copy upward (`on_hit`). It reads the engine's index only through `Lookup`, which answers
 for one key at a time.
+
+Two policies (`[scheduler] policy`): ``lru`` keeps each tier in least-recently-used order, admits
+every demotion and promotes every hit below the first tier (the baseline); ``lru++`` ranks keys by
+LRU++ score with the prefix rules (`tierkv.scheduler.lrupp`), admits demotions into persistent
+tiers through an adaptive frequency filter (`tierkv.scheduler.admission`), and promotes a hit only
+when its score outranks what the upper tier would give up for it.
 """
 
 from __future__ import annotations
@@ -13,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from tierkv.config import SchedulerConfig
+from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
+from tierkv.scheduler.admission import AdaptiveAdmission
+from tierkv.scheduler.lineage import Lineage
 from tierkv.scheduler.lru import LruPolicy
+from tierkv.scheduler.lrupp import ScoredPolicy
 from tierkv.scheduler.placement import (
     TierShape,
     demotion_target,
@@ -22,7 +31,8 @@ from tierkv.scheduler.placement import (
     first_tier_for,
 )
 from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote
-from tierkv.scheduler.policy import EvictionPolicy
+from tierkv.scheduler.policy import EvictionPolicy as TierPolicy
+from tierkv.scheduler.scores import ScoreBook
 
 
 class Copies(Protocol):
@@ -47,20 +57,73 @@ Lookup = Callable[[bytes], Copies | None]
 
 
 class Scheduler:
-    def __init__(self, tiers: Sequence[TierShape], config: SchedulerConfig) -> None:
+    def __init__(self, tiers: Sequence[TierShape], config: SchedulerConfig,
+                 capacities: Sequence[int] | None = None) -> None:
         self._tiers = tuple(tiers)
         self._config = config
-        self.policies: tuple[EvictionPolicy, ...] = tuple(LruPolicy() for _ in self._tiers)
+        self.scored = config.policy is EvictionPolicy.LRUPP
+        self.book = ScoreBook(config.alpha, config.beta)
+        self.lineage = Lineage()
+        self.policies: tuple[TierPolicy, ...]
+        self._scored: tuple[ScoredPolicy, ...] = ()
+        if self.scored:
+            self._scored = tuple(ScoredPolicy(self.book, self.lineage) for _ in self._tiers)
+            self.policies = self._scored
+        else:
+            self.policies = tuple(LruPolicy() for _ in self._tiers)
+        #: admission filters of the persistent tiers (index -> filter), `lru++` only
+        self.admission: dict[int, AdaptiveAdmission] = {}
+        if self.scored:
+            sizes = capacities if capacities is not None else [1 << 30] * len(self._tiers)
+            for index, tier in enumerate(self._tiers):
+                if tier.persistent and index > 0:
+                    # objects of 16 KiB as the unit of the sketch's width: it need not be exact
+                    self.admission[index] = AdaptiveAdmission(
+                        max(sizes[index] // 16384, 1),
+                        adaptive=config.admission is Admission.ADAPTIVE)
 
     # -- events ------------------------------------------------------------------------------
-    def admitted(self, tier: int, key: bytes, now: float) -> None:
+    def admitted(self, tier: int, key: bytes, now: float, parents: Sequence[bytes] = ()) -> None:
+        if self.scored and self.book.enter(key, tier, now):
+            self._rerank(self.lineage.enter(key, parents[0] if parents else None))
         self.policies[tier].insert(key, now)
 
     def accessed(self, tier: int, key: bytes, now: float) -> None:
-        self.policies[tier].touch(key, now)
+        if not self.scored:
+            self.policies[tier].touch(key, now)
+            return
+        score = self.book.access(key, now)
+        if score is None:
+            return
+        held, index = score.tiers, 0
+        while held:
+            if held & 1:
+                self.policies[index].touch(key, now)
+            held >>= 1
+            index += 1
+
+    def looked_up(self, key: bytes, hit: bool) -> None:
+        """A lookup of `key` by a get (`hit`: served); counted by the admission filters."""
+        for admission in self.admission.values():
+            admission.looked_up(key, hit)
 
     def removed(self, tier: int, key: bytes) -> None:
         self.policies[tier].remove(key)
+        if self.scored and self.book.leave(key, tier):
+            self._rerank(self.lineage.leave(key))
+
+    def _rerank(self, keys: Sequence[bytes]) -> None:
+        """Keys whose parent came or went: their standing in every tier holding them moved."""
+        for key in keys:
+            score = self.book.get(key)
+            if score is None:
+                continue
+            held, index = score.tiers, 0
+            while held:
+                if held & 1:
+                    self._scored[index].rerank(key)
+                held >>= 1
+                index += 1
 
     # -- placement ---------------------------------------------------------------------------
     def write_tier(self, nbytes: int) -> int | None:
@@ -101,16 +164,33 @@ class Scheduler:
         if any(location > tier for location in copies.locations):
             return Evict(key, generation, nbytes, tier)
         target = demotion_target(self._tiers, tier, nbytes)
+        while target is not None and not self._admits(target, key):
+            target = demotion_target(self._tiers, target, nbytes)
         if target is None:
             return Drop(key, generation, nbytes, tier)
         return Demote(key, generation, nbytes, tier, target)
 
+    def _admits(self, tier: int, key: bytes) -> bool:
+        if self.scored and self.lineage.orphaned(key):
+            return False  # no prefix lookup can reach it: not worth a write
+        admission = self.admission.get(tier)
+        return admission is None or admission.admit(key)
+
     def on_hit(self, copies: Copies, served_from: int) -> Promote | None:
-        """Whether a hit served from `served_from` earns a copy in the first tier (LRU: every
-        hit below the first tier does, where the first tier can hold the object)."""
+        """Whether a hit served from `served_from` earns a copy in the first tier. LRU: every
+        hit below the first tier does, where the first tier can hold the object; LRU++: only
+        when the first tier has room or its next victim ranks below the object."""
         top = 0
         if (not self._config.promote_on_hit or served_from <= top or top in copies.locations
                 or self._tiers[top].reclaims_space
                 or not self._tiers[top].can_ever_hold(copies.nbytes)):
             return None
+        if self.scored and not self._earns(top, copies.key, copies.nbytes):
+            return None
         return Promote(copies.key, copies.generation, copies.nbytes, served_from, top)
+
+    def _earns(self, tier: int, key: bytes, nbytes: int) -> bool:
+        if self._tiers[tier].fits(nbytes):
+            return True
+        lowest = self._scored[tier].lowest()
+        return lowest is None or self._scored[tier].standing(key) > lowest

@@ -1,0 +1,91 @@
+"""Admission in front of a persistent tier: a frequency sketch whose strictness follows hit ratio.
+
+Every lookup of a key (hit or miss) is counted in a count-min sketch (4 rows of small saturating
+counters, halved every `sample` counts so that old popularity fades, as in TinyLFU). An object
+demoted into the tier is admitted when its estimated frequency reaches `threshold`; at threshold
+0 everything is admitted (`pass_all`). A fixed one-hit filter helps at small capacities and hurts
+at large ones, so the threshold climbs: after each epoch of lookups the hit ratio of the epoch is
+compared with the one before; if it got worse the climb turns round, and the threshold takes one
+step in the current direction, within ``0..max_threshold``. Pure: no IO, no clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+_ROWS = 4
+
+
+class FrequencySketch:
+    def __init__(self, width: int, sample: int) -> None:
+        self._mask = (1 << max(width - 1, 1).bit_length()) - 1
+        self._table = [array("B", bytes(self._mask + 1)) for _ in range(_ROWS)]
+        self._sample = sample
+        self._added = 0
+
+    @staticmethod
+    def _hashes(key: bytes) -> tuple[int, int, int, int]:
+        digest = hashlib.blake2b(key, digest_size=16).digest()
+        return (int.from_bytes(digest[0:4], "little"), int.from_bytes(digest[4:8], "little"),
+                int.from_bytes(digest[8:12], "little"), int.from_bytes(digest[12:16], "little"))
+
+    def add(self, key: bytes) -> None:
+        mask = self._mask
+        for row, h in zip(self._table, self._hashes(key), strict=True):
+            if row[h & mask] < 15:
+                row[h & mask] += 1
+        self._added += 1
+        if self._added >= self._sample:
+            self._halve()
+
+    def estimate(self, key: bytes) -> int:
+        mask = self._mask
+        return min(row[h & mask] for row, h in zip(self._table, self._hashes(key), strict=True))
+
+    def _halve(self) -> None:
+        self._added //= 2
+        for index, row in enumerate(self._table):
+            self._table[index] = array("B", bytes(value >> 1 for value in row))
+
+
+class AdaptiveAdmission:
+    def __init__(self, capacity_objects: int, *, adaptive: bool = True, epoch: int | None = None,
+                 max_threshold: int = 3) -> None:
+        width = max(capacity_objects, 1024)
+        self.sketch = FrequencySketch(width, sample=10 * width)
+        self.adaptive = adaptive
+        self.threshold = 1 if adaptive else 0
+        self.max_threshold = max_threshold
+        self._epoch = epoch if epoch is not None else max(4 * capacity_objects, 2048)
+        self._direction = 1
+        self._lookups = 0
+        self._hits = 0
+        self._previous: float | None = None
+        self.admitted = 0
+        self.rejected = 0
+
+    def looked_up(self, key: bytes, hit: bool) -> None:
+        """A lookup of `key` (`hit`: the cache served it); feeds the sketch and the climb."""
+        if not self.adaptive:
+            return
+        self.sketch.add(key)
+        self._lookups += 1
+        self._hits += hit
+        if self._lookups >= self._epoch:
+            self._climb(self._hits / self._lookups)
+            self._lookups = self._hits = 0
+
+    def admit(self, key: bytes) -> bool:
+        ok = self.threshold == 0 or self.sketch.estimate(key) >= self.threshold
+        if ok:
+            self.admitted += 1
+        else:
+            self.rejected += 1
+        return ok
+
+    def _climb(self, ratio: float) -> None:
+        if self._previous is not None and ratio < self._previous:
+            self._direction = -self._direction
+        self._previous = ratio
+        self.threshold = min(max(self.threshold + self._direction, 0), self.max_threshold)

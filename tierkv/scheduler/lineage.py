@@ -1,0 +1,85 @@
+"""Prefix chains of the cached keys: each key's parent, its depth, and whether it is orphaned.
+
+A KV block is only usable by a prefix lookup while every block before it is cached, so a block
+whose parent is in no tier is worth nothing and goes first, and within a chain the deepest block
+goes before its ancestors (leaf-first, as a radix cache evicts). Parents come from
+``put(..., parents=...)`` and from `put_many` of a `block_keys` chain; the first parent names
+the prefix (the chain a block extends).
+
+Only keys held in some tier are tracked (`enter` / `leave`), and a parent's entry lives as long
+as it is held or has held children, so memory follows the cache, not its history. Each change
+returns the keys whose standing changed (became orphans or were adopted again), for the
+policies to re-rank: cost proportional to the children touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Node:
+    parent: bytes | None = None
+    depth: int = 0
+    held: bool = False
+    children: set[bytes] = field(default_factory=set)
+
+
+class Lineage:
+    def __init__(self) -> None:
+        self._nodes: dict[bytes, _Node] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def depth(self, key: bytes) -> int:
+        node = self._nodes.get(key)
+        return node.depth if node is not None else 0
+
+    def orphaned(self, key: bytes) -> bool:
+        """Whether `key` names a parent that no tier holds."""
+        node = self._nodes.get(key)
+        if node is None or node.parent is None:
+            return False
+        parent = self._nodes.get(node.parent)
+        return parent is None or not parent.held
+
+    def enter(self, key: bytes, parent: bytes | None) -> list[bytes]:
+        """`key` is now held, extending `parent` (or no chain); returns its children that had
+        been orphaned by its absence and are adopted again."""
+        node = self._nodes.get(key)
+        if node is None:
+            node = self._nodes[key] = _Node()
+        if parent is not None and parent not in (key, node.parent):
+            self._unlink(key, node)
+            above = self._nodes.get(parent)
+            if above is None:
+                above = self._nodes[parent] = _Node()
+            above.children.add(key)
+            node.parent, node.depth = parent, above.depth + 1
+        node.held = True
+        return list(node.children)
+
+    def leave(self, key: bytes) -> list[bytes]:
+        """`key` is no longer held; returns its children, orphaned now."""
+        node = self._nodes.get(key)
+        if node is None:
+            return []
+        node.held = False
+        children = list(node.children)
+        self._unlink(key, node)
+        if not node.children:
+            del self._nodes[key]
+        return children
+
+    def _unlink(self, key: bytes, node: _Node) -> None:
+        parent_key = node.parent
+        if parent_key is None:
+            return
+        node.parent = None
+        above = self._nodes.get(parent_key)
+        if above is None:
+            return
+        above.children.discard(key)
+        if not above.children and not above.held:
+            del self._nodes[parent_key]

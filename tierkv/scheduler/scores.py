@@ -1,0 +1,79 @@
+"""LRU++ scores: a decayed access count, discounted by the time since the last access.
+
+``score(now) = count * exp(-beta * (now - last))``, where each access first decays the count
+by alpha and then adds one (``count = alpha * count + 1``). Comparing two scores at the same
+`now` compares ``log(count) + beta * last``: the order does not change while time passes, only
+when a key is accessed. That invariant (`ScoreBook.rank`) is what lets each tier keep its
+victims in a heap with O(log n) work per access instead of rescoring everything.
+
+The book also keeps, per key, the tiers holding a copy and its place in a prefix chain (`Lineage`),
+because the prefix rules rank a key by its parent's residency and its depth.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Score:
+    count: float
+    last: float
+    #: bit i set: tier i holds a copy
+    tiers: int = 0
+
+
+class ScoreBook:
+    """Scores of the keys held in any tier (a key leaves the book with its last copy)."""
+
+    def __init__(self, alpha: float, beta: float) -> None:
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError("alpha must be in 0..1")
+        if beta < 0.0:
+            raise ValueError("beta must not be negative")
+        self.alpha = alpha
+        self.beta = beta
+        self._scores: dict[bytes, Score] = {}
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+    def get(self, key: bytes) -> Score | None:
+        return self._scores.get(key)
+
+    def enter(self, key: bytes, tier: int, now: float) -> bool:
+        """A copy of `key` entered `tier`; True when it is the key's first copy (a new object,
+        whose insertion counts as its first access)."""
+        score = self._scores.get(key)
+        if score is None:
+            self._scores[key] = Score(1.0, now, 1 << tier)
+            return True
+        score.tiers |= 1 << tier
+        return False
+
+    def leave(self, key: bytes, tier: int) -> bool:
+        """The copy of `key` in `tier` left; True when it was the last (the key leaves too)."""
+        score = self._scores.get(key)
+        if score is None:
+            return False
+        score.tiers &= ~(1 << tier)
+        if score.tiers:
+            return False
+        del self._scores[key]
+        return True
+
+    def access(self, key: bytes, now: float) -> Score | None:
+        score = self._scores.get(key)
+        if score is not None:
+            score.count = self.alpha * score.count + 1.0
+            score.last = max(score.last, now)
+        return score
+
+    def rank(self, score: Score) -> float:
+        """Order-preserving form of the score: higher ranks are kept longer."""
+        return math.log(score.count) + self.beta * score.last
+
+    def value(self, score: Score, now: float) -> float:
+        """The score itself at `now`."""
+        return score.count * math.exp(-self.beta * max(now - score.last, 0.0))
