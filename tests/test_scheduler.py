@@ -62,9 +62,13 @@ class Shape:
     limit: int
     persistent: bool = False
     reclaims_space: bool = False
+    used: int = 0
 
     def can_ever_hold(self, nbytes: int) -> bool:
         return nbytes <= self.limit
+
+    def fits(self, nbytes: int) -> bool:
+        return self.used + nbytes <= self.limit
 
 
 def test_placement_walks_down_to_a_tier_that_can_hold_the_object() -> None:
@@ -145,7 +149,7 @@ def test_expired_plans_cover_only_idle_unprotected_copies() -> None:
 def test_a_hit_below_earns_a_promotion_to_the_top(enabled: bool) -> None:
     scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled))
     below = Obj(b"k", locations=[2])
-    expected = Promote(b"k", 1, 10, 2, 0) if enabled else None
+    expected = Promote(b"k", 1, 10, 2, 0, exclusive=True) if enabled else None
     assert scheduler.on_hit(below, 2) == expected
     assert scheduler.on_hit(Obj(b"k", locations=[0, 2]), 2) is None  # already on top
     assert scheduler.on_hit(Obj(b"k", locations=[0]), 0) is None

@@ -207,7 +207,7 @@ def _parse(document: Mapping[str, Any]) -> Config:
     scheduler_table = root.table("scheduler")
     scheduler_defaults = SchedulerConfig()
     scheduler = SchedulerConfig(
-        scheduler_table.choice("policy", EvictionPolicy, EvictionPolicy.LRU),
+        scheduler_table.choice("policy", EvictionPolicy, scheduler_defaults.policy),
         migration_bandwidth=scheduler_table.size_or_off("migration_bandwidth"),
         background_bandwidth=scheduler_table.size_or_off(
             "background_bandwidth", scheduler_defaults.background_bandwidth),
@@ -222,6 +222,7 @@ def _parse(document: Mapping[str, Any]) -> Config:
         admission=scheduler_table.choice("admission", Admission, scheduler_defaults.admission),
         prefetch_depth=scheduler_table.integer(
             "prefetch_depth", scheduler_defaults.prefetch_depth, low=0, high=1024),
+        exclusive=scheduler_table.boolean("exclusive", scheduler_defaults.exclusive),
     )
     scheduler_table.finish()
 

@@ -126,7 +126,7 @@ SQ_POLL_MAX = 10.0
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    policy: EvictionPolicy = EvictionPolicy.LRU
+    policy: EvictionPolicy = EvictionPolicy.LRUPP
     #: bytes per second all moves between tiers together may copy; None: unlimited
     migration_bandwidth: int | None = None
     #: bytes per second the moves no write waits for (expiry, promotion on hit) may copy, so
@@ -143,9 +143,12 @@ class SchedulerConfig:
     #: LRU++: the score decays as exp(-beta * idle seconds)
     beta: float = 0.005
     #: who may enter the persistent tiers when something is demoted (`lru++` only)
-    admission: Admission = Admission.ADAPTIVE
+    admission: Admission = Admission.PASS_ALL
     #: blocks after a read one of a known chain, warmed into the first tier in the background
     prefetch_depth: int = 4
+    #: a promotion moves the object up (the lower copy goes), so the tiers' capacities add up;
+    #: false keeps the lower copy (inclusive). Write-through engines always keep it.
+    exclusive: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ class Moves:
             return False
         if not await self._copies.store_in(entry, got[1], plan.target, claim, wait=False):
             return False
+        if plan.exclusive and plan.source in entry.locations and not entry.detached:
+            await self._copies.remove(entry, plan.source, claim)
+            st.counters.evictions[st.names[plan.source]] += 1
         st.counters.moved_bytes += plan.nbytes
         st.counters.promotions[st.names[plan.target]] += 1
         st.counters.promoted_bytes[st.names[plan.target]] += plan.nbytes

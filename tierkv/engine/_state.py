@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig
+from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, WritePolicy
 from tierkv.engine._budget import ByteBudget
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._index import Index
@@ -39,8 +39,9 @@ class EngineState:
         #: costs tens of microseconds, and moves out of the gpu tier ask on every move)
         self.pinning: tuple[ZeroCopyPinning | None, ...] = tuple(
             tier if isinstance(tier, ZeroCopyPinning) else None for tier in tiers)
-        self.scheduler = Scheduler(tiers, config.scheduler,
-                                   [tier.capacity for tier in tiers])
+        self.scheduler = Scheduler(
+            tiers, config.scheduler, [tier.capacity for tier in tiers],
+            keep_lower_copies=config.engine.write_policy is WritePolicy.WRITE_THROUGH)
         self.index = Index([tier.persistent for tier in tiers], self.scheduler)
         self.counters = EngineCounters()
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

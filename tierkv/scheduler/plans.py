@@ -12,13 +12,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class Promote:
-    """Copy the object from `source` up into `target`, keeping the source copy."""
+    """Copy the object from `source` up into `target`; `exclusive`: then delete the source copy
+    (the object moves, and counts against one tier's capacity only)."""
 
     key: bytes
     generation: int
     nbytes: int
     source: int
     target: int
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)

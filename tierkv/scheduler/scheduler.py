@@ -58,9 +58,12 @@ Lookup = Callable[[bytes], Copies | None]
 
 class Scheduler:
     def __init__(self, tiers: Sequence[TierShape], config: SchedulerConfig,
-                 capacities: Sequence[int] | None = None) -> None:
+                 capacities: Sequence[int] | None = None, *, keep_lower_copies: bool = False
+                 ) -> None:
         self._tiers = tuple(tiers)
         self._config = config
+        #: promotions move objects up (write-through engines keep every durable copy)
+        self.exclusive = config.exclusive and not keep_lower_copies
         self.scored = config.policy is EvictionPolicy.LRUPP
         self.book = ScoreBook(config.alpha, config.beta)
         self.lineage = Lineage()
@@ -187,7 +190,8 @@ class Scheduler:
             return None
         if self.scored and not self._earns(top, copies.key, copies.nbytes):
             return None
-        return Promote(copies.key, copies.generation, copies.nbytes, served_from, top)
+        return Promote(copies.key, copies.generation, copies.nbytes, served_from, top,
+                       self.exclusive)
 
     def _earns(self, tier: int, key: bytes, nbytes: int) -> bool:
         if self._tiers[tier].fits(nbytes):

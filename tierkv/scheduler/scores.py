@@ -6,14 +6,23 @@ by alpha and then adds one (``count = alpha * count + 1``). Comparing two scores
 when a key is accessed. That invariant (`ScoreBook.rank`) is what lets each tier keep its
 victims in a heap with O(log n) work per access instead of rescoring everything.
 
-The book also keeps, per key, the tiers holding a copy and its place in a prefix chain (`Lineage`),
-because the prefix rules rank a key by its parent's residency and its depth.
+The book also keeps, per key, the tiers holding a copy. A key that leaves the cache leaves its
+count behind as a *ghost* (a bounded map, oldest forgotten first), so an object that comes back
+starts from its history instead of from one: without it, a block reused every few minutes looks
+as new as a block never seen, and frequency stops counting for anything once the cache is small.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
+
+#: keys remembered after leaving the cache, per key held (4x: a simulation of the conversation
+#: trace got the whole benefit of unbounded history at 4x and about half of it at 1x)
+GHOSTS_PER_KEY = 4
+#: ghosts kept however few keys are held
+MIN_GHOSTS = 4096
 
 
 @dataclass(slots=True)
@@ -35,6 +44,7 @@ class ScoreBook:
         self.alpha = alpha
         self.beta = beta
         self._scores: dict[bytes, Score] = {}
+        self._ghosts: OrderedDict[bytes, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._scores)
@@ -47,7 +57,9 @@ class ScoreBook:
         whose insertion counts as its first access)."""
         score = self._scores.get(key)
         if score is None:
-            self._scores[key] = Score(1.0, now, 1 << tier)
+            past = self._ghosts.pop(key, None)
+            count = 1.0 if past is None else self.alpha * past + 1.0
+            self._scores[key] = Score(count, now, 1 << tier)
             return True
         score.tiers |= 1 << tier
         return False
@@ -61,7 +73,15 @@ class ScoreBook:
         if score.tiers:
             return False
         del self._scores[key]
+        ghosts = self._ghosts
+        ghosts[key] = score.count
+        if len(ghosts) > max(GHOSTS_PER_KEY * len(self._scores), MIN_GHOSTS):
+            ghosts.popitem(last=False)
         return True
+
+    @property
+    def ghosts(self) -> int:
+        return len(self._ghosts)
 
     def access(self, key: bytes, now: float) -> Score | None:
         score = self._scores.get(key)
