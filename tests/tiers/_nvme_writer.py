@@ -23,7 +23,16 @@ import signal
 import sys
 from pathlib import Path
 
-from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for
+from tests.tiers._nvme_support import (
+    BLOCK,
+    REGION,
+    entry_bytes,
+    key,
+    meta_of,
+    nvme_config,
+    payload_for,
+    per_region,
+)
 from tierkv.config import NvmeBackend, RegionEviction
 from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
@@ -112,6 +121,10 @@ async def fsize(directory: Path, backend: NvmeBackend, limit: int) -> None:
 #: (and flushed) in region 1, which stays on media
 DELETED, OVERWRITTEN = 1000, 1001
 NEW_VALUE = b"the new value" * 100
+#: 5000-byte entries (packed: 5120 bytes) that fill a region exactly
+PER = per_region(5000)
+#: the entries of region 1 besides `DELETED` and `OVERWRITTEN`
+REGION_1 = range(PER, 2 * PER - 2)
 
 
 async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
@@ -131,16 +144,15 @@ async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
     async def put(i: int, data: bytes) -> None:
         await tier.put(key(i), meta_of(data), memoryview(data))
 
-    # 5000-byte payloads take two 4 KiB blocks, 17000 bytes five: region 0 takes entries 0-126
-    # (255 of its 256 blocks), region 1 the two keys and 127-251, region 2 252-376 and 377
-    # (all 256 blocks), so that the tombstone (one block) opens region 3
-    for i in range(127):
+    # `PER` entries fill a region to its last byte: region 0 takes entries 0 to PER - 1, region 1
+    # the two keys and `REGION_1`, region 2 the next `PER`, so that the tombstone opens region 3
+    assert PER * entry_bytes(0, 5000) == REGION - BLOCK
+    for i in range(PER):
         await put(i, payload_for(i, 5000))
     for i in (DELETED, OVERWRITTEN):
         await put(i, payload_for(i, 5000))
-    for i in range(127, 377):
+    for i in range(PER, 3 * PER - 2):
         await put(i, payload_for(i, 5000))
-    await put(377, payload_for(377, 17000))
     await tier.flush()  # regions 0-2 on media
     assert tier.stats()["regions_free"] == 1
     assert await tier.delete(key(DELETED))
@@ -150,7 +162,7 @@ async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
         await tier.close()
         print("CLOSED", flush=True)
         return
-    for i in range(1000 + 10, 1000 + 10 + 130):  # fill region 3: it is sealed and written
+    for i in range(1010, 1010 + PER):  # fill region 3: it is sealed and written
         await put(i, payload_for(i, 5000))
     try:
         await tier.flush()

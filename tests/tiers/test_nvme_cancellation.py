@@ -43,6 +43,7 @@ from tests.tiers._nvme_support import (
     meta_of,
     nvme_config,
     payload_for,
+    per_region,
 )
 from tierkv.config import NvmeBackend
 from tierkv.errors import DeviceError
@@ -335,10 +336,11 @@ async def test_reclaiming_delete_reports_victim_before_returning(tmp_path: Path)
     await tier.open()
     drops = DropLog(tier)
     try:
-        for i in range(380):  # three regions of 127 entries: the log is full, nothing dropped
+        count = 3 * per_region(8000) - 4  # three regions nearly full, nothing dropped
+        for i in range(count):
             data = payload_for(i, 8000)
             assert not await tier.put(key(i), meta_of(data), memoryview(data))
-        for i in range(379, 0, -1):  # tombstones fill the head until one reclaims region 0
+        for i in range(count - 1, 0, -1):  # tombstones fill the head until one reclaims region 0
             drops.during = f"delete {i}"
             assert await tier.delete(key(i))
             drops.during = None
@@ -372,6 +374,10 @@ async def test_get_failing_its_checksum_reports_the_key(tmp_path: Path) -> None:
         await again.close()
 
 
+#: entries of 5000 payload bytes a region holds: the first one in region 1
+FIRST = per_region(5000)
+
+
 def _ids(keys: Sequence[bytes]) -> str:
     return ",".join(str(int(k.rsplit(b"-", 1)[1])) for k in sorted(keys))
 
@@ -396,13 +402,14 @@ def test_failed_region_write_reports_its_keys(tmp_path: Path, backend: NvmeBacke
     reports = [line.split() for line in lines if line.startswith("DROPPED")]
     assert reports, lines
     _word, ids, during, still_held = reports[0]
-    # region 1 (the second) is beyond the limit; it holds the entries from 127 on
+    # region 1 (the second) is beyond the limit; it holds the entries from `FIRST` on
     if case == "head":
-        assert during == "flush" and ids == _ids([key(i) for i in range(127, 137)])
+        assert during == "flush" and ids == _ids([key(i) for i in range(FIRST, FIRST + 10)])
         assert f"FLUSH_FAILED {errno.EFBIG}" in lines
         assert f"RETURNED {ids}" in lines
     else:
-        assert during.startswith("put") and ids == _ids([key(i) for i in range(127, 254)])
+        assert during.startswith("put") and ids == _ids([key(i)
+                                                         for i in range(FIRST, 2 * FIRST)])
     assert still_held == "0"
 
 
@@ -424,8 +431,8 @@ async def _failing_writer(directory: Path, backend: NvmeBackend, case: str) -> N
                   flush=True)
         printed = len(drops.reports)
 
-    # 5000-byte payloads take two 4 KiB blocks: region 0 takes entries 0-126
-    count = 137 if case == "head" else 500
+    # region 0 takes entries 0 to FIRST - 1 (5000-byte payloads, packed)
+    count = FIRST + 10 if case == "head" else 4 * FIRST - 8
     for i in range(count):
         data = payload_for(i, 5000)
         drops.during = f"put {i}"

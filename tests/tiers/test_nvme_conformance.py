@@ -2,7 +2,8 @@
 
 Media hooks: the log file is the media. A crash image is a copy of it taken while the tier is
 open; an entry is found by walking the log as `formats.nvme_layout` defines it (superblock, region
-headers, entry prefixes and object headers), bypassing the tier.
+headers, entry prefixes packed at the log's granularity, padding records, object headers),
+bypassing the tier.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tierkv.config import NvmeBackend
 from tierkv.errors import CorruptObjectError
 from tierkv.formats.header import decode_header
 from tierkv.formats.nvme_layout import (
+    PADDING,
     PREFIX,
     SUPERBLOCK_SIZE,
     TOMBSTONE,
@@ -48,13 +50,15 @@ def payload_offsets(media: bytes, key: bytes) -> list[int]:
             if prefix is None or prefix.seq != seq:
                 break  # the end of this use of the region
             body = base + offset + PREFIX.size
+            offset += align_up(PREFIX.size + prefix.body_len, sb.granularity)
+            if prefix.flags & PADDING:
+                continue  # fills a block up to its end at a flush: no entry
             try:
                 header, length = decode_header(view[body : body + prefix.body_len])
             except CorruptObjectError:
                 break
             if header.key == key and not prefix.flags & TOMBSTONE and header.payload_length:
                 found.append(body + length)
-            offset += align_up(PREFIX.size + prefix.body_len, sb.alignment)
     return found
 
 

@@ -15,7 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for
+from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for, per_region
 from tierkv.formats.nvme_layout import (
     SUPERBLOCK_SIZE,
     Superblock,
@@ -26,8 +26,10 @@ from tierkv.formats.nvme_layout import (
 from tierkv.testing import payload_bytes
 from tierkv.tiers.nvme.tier import NvmeTier
 
-#: 5000-byte payloads take 8 KiB entries: 127 to a 1 MiB region (its first block is the header)
-SIZE, PER_REGION = 5000, 127
+#: 5000-byte payloads take 5120-byte packed entries: 204 fill a 1 MiB region (its first block is
+#: the header)
+SIZE = 5000
+PER_REGION = per_region(SIZE)
 NEW = b"the new value" * 100
 
 

@@ -23,7 +23,12 @@ import pytest
 from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for
 from tierkv.config import NvmeBackend
 from tierkv.errors import ConfigError, DeviceError
-from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, Superblock, encode_superblock
+from tierkv.formats.nvme_layout import (
+    LAYOUT_VERSION,
+    SUPERBLOCK_SIZE,
+    Superblock,
+    encode_superblock,
+)
 from tierkv.testing import payload_bytes
 from tierkv.tiers.nvme.tier import NvmeTier, probe
 
@@ -66,7 +71,7 @@ async def test_foreign_media_is_left_alone(tmp_path: Path, content: str) -> None
     elif content == "short":
         path.write_bytes(b"some other file")
     elif content == "version":
-        sb = Superblock(REGION, 5 * REGION, 4, os.urandom(16), 4096, version=2)
+        sb = Superblock(REGION, 5 * REGION, 4, os.urandom(16), 4096, version=LAYOUT_VERSION + 1)
         path.write_bytes(encode_superblock(sb) + bytes(REGION))
     else:
         sb = Superblock(2 * REGION, 9 * REGION, 4, os.urandom(16), 4096)

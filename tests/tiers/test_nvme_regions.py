@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for
+from tests.tiers._nvme_support import key, meta_of, nvme_config, payload_for, per_region
 from tierkv.config import RegionEviction
 from tierkv.testing import payload_bytes
 from tierkv.tiers.nvme.tier import NvmeTier
@@ -57,12 +57,13 @@ async def test_lru_keeps_recently_read_region(tmp_path: Path) -> None:
                                 eviction=RegionEviction.LRU))
     await tier.open()
     try:
-        # 9000-byte payloads take 3 blocks: 85 entries a region
-        await _put_all(tier, range(250), size=9000)  # regions 0, 1 full, region 2 the head
+        per = per_region(9000)  # 114 packed entries a region
+        first = 2 * per + per // 2
+        await _put_all(tier, range(first), size=9000)  # regions 0, 1 full, region 2 the head
         assert await tier.get(key(0)) is not None  # the oldest region is now the most recent
-        dropped = await _put_all(tier, range(250, 300), size=9000)
+        dropped = await _put_all(tier, range(first, first + per), size=9000)
         assert key(0) not in dropped
-        assert key(150) in dropped
+        assert key(per + 10) in dropped  # region 1, the least recently used
     finally:
         await tier.close()
 

@@ -113,8 +113,10 @@ class CheckpointIO:
             if e.region >= st.region_count:
                 raise CorruptObjectError("checkpoint entry in an impossible region")
             target = st.regions[e.region]
+            # entries lie packed after the region header block, at the log's granularity
             if target.state is not RegionState.SEALED or e.offset + e.length > target.used \
-                    or e.offset % st.align:
+                    or e.offset < sb.alignment or e.offset % st.grain or e.length % st.grain \
+                    or not e.nbytes < e.length:
                 raise CorruptObjectError("checkpoint entry outside its region")
             try:
                 kind = ValueKind(e.kind)

@@ -10,7 +10,7 @@ numpy because indexing it returns plain ints several times faster, which matters
 
 What is not a number (value kind, dtype, shape, parents) is interned: entries sharing it share
 one tuple (plain byte values without parents all share id 0). Offsets and lengths are stored in
-units of the tier's alignment (both must be multiples of it), ``nbytes`` as the entry's slack
+units of the log's granularity (both must be multiples of it), ``nbytes`` as the entry's slack
 (length - nbytes), hits saturate at 65535. Deleted entries leave a tombstone in the table
 (cleared by the next rebuild) and their key bytes in the arena (compacted once dead bytes
 exceed the live ones). Memory with 1 M 33-byte keys, by tracemalloc
@@ -50,7 +50,7 @@ _hash = xxhash.xxh3_64_intdigest
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    """Where one entry lives: region index, byte offset in the region, aligned entry length."""
+    """Where one entry lives: region index, byte offset in the region, packed entry length."""
 
     region: int
     offset: int
@@ -62,11 +62,11 @@ class Location:
 class NvmeIndex:
     """See the module docstring."""
 
-    def __init__(self, alignment: int, *, initial_table: int = _INITIAL_TABLE,
+    def __init__(self, unit: int, *, initial_table: int = _INITIAL_TABLE,
                  compact_min: int = _COMPACT_MIN) -> None:
         if initial_table < 2 or initial_table & (initial_table - 1):
             raise ValueError("initial_table must be a power of two")
-        self._unit = alignment
+        self._unit = unit
         self._initial = initial_table
         self._compact_min = compact_min
         self._arena = bytearray()
@@ -109,7 +109,7 @@ class NvmeIndex:
         if not 0 < len(key) <= _MAX_KEY:
             raise ValueError(f"index keys are 1..{_MAX_KEY} bytes")
         if offset % self._unit or length % self._unit:
-            raise ValueError("entry offset and length must be multiples of the alignment")
+            raise ValueError("entry offset and length must be multiples of the unit")
         if not 0 <= length - meta.nbytes < 1 << 32:
             raise ValueError("nbytes exceeds the entry length")
         slot, cell, tag = self._find(key)

@@ -26,6 +26,7 @@ from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import (
     TOMBSTONE,
+    align_up,
     decode_entry,
     entry_size,
     write_entry,
@@ -118,7 +119,7 @@ class RegionLog:
                     else:
                         tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, 0)
                         header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
-                        size = entry_size(len(header), 0, st.align)
+                        size = entry_size(len(header), 0, st.grain)
                         await self.make_room(size)
                         self.place(key, tomb, header, payload=b"", flags=TOMBSTONE, size=size)
                         assert st.head is not None  # the region the tombstone went to
@@ -193,7 +194,7 @@ class RegionLog:
         st.head = region
         # they fit: they all came from one region of the same geometry
         for entry in hot:
-            size = entry_size(len(entry.header), len(entry.payload), st.align)
+            size = entry_size(len(entry.header), len(entry.payload), st.grain)
             self.place(entry.key, entry.meta, entry.header, payload=entry.payload, flags=0,
                        size=size)
             st.counters["entries_reinserted"] += 1
@@ -275,25 +276,29 @@ class RegionLog:
                          ) -> tuple[ObjectHeader, bytes, memoryview] | None:
         """Header, its bytes and a payload view of one entry; ``None`` (counted) if corrupt.
 
-        The payload view aliases a private copy, so the caller owns it.
+        The payload view aliases a private copy, so the caller owns it. From the device, the
+        entry's span is rounded out to whole blocks (O_DIRECT) and the entry sliced out of them.
         """
         st = self._st
         _d, io, sb = st.dev_io()
         if region.buffer is not None:
             data = bytearray(region.buffer.view[loc.offset : loc.offset + loc.length])
         else:
-            buf = st.pool.acquire(loc.length)
+            start = loc.offset // st.align * st.align
+            length = align_up(loc.offset + loc.length, st.align) - start
+            skip = loc.offset - start
+            buf = st.pool.acquire(length)
             region.readers += 1
             try:
                 # a cancelled read returns once the device is done with `buf` (`BlockIO`)
-                await io.read(buf, st.offset(region.index) + loc.offset, loc.length)
-                data = bytearray(buf.view[: loc.length])
+                await io.read(buf, st.offset(region.index) + start, length)
+                data = bytearray(buf.view[skip : skip + loc.length])
             finally:
                 region.readers -= 1
                 st.pool.release(buf)
                 if region.readers == 0:
                     st.changed.set()
-            st.counters["bytes_read"] += loc.length
+            st.counters["bytes_read"] += length
         try:
             return decode_entry(memoryview(data), sb.uuid, region.seq)
         except CorruptObjectError as exc:

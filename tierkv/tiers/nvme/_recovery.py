@@ -25,6 +25,7 @@ from tierkv.formats.nvme_layout import (
     SUPERBLOCK_SIZE,
     BlankSuperblockError,
     ForeignFormatError,
+    OlderLayoutError,
     Superblock,
     decode_superblock,
     new_uuid,
@@ -61,6 +62,7 @@ class NvmeRecovery:
             found = await self._read_superblock(device)
             if isinstance(found, Superblock):
                 st.sb = found
+                st.reset_index()  # for the log's granularity
                 await self._recover(found)
                 return
             if found.blank and device.block_device:
@@ -89,6 +91,8 @@ class NvmeRecovery:
             existing = decode_superblock(buf.view[:SUPERBLOCK_SIZE])
         except BlankSuperblockError:
             return _Unusable("its superblock is all zeros", blank=True)
+        except OlderLayoutError as exc:
+            return _Unusable(f"holds {exc}, and must be formatted (its objects are lost)")
         except ForeignFormatError as exc:
             return _Unusable(f"holds no tierkv log of this version ({exc})")
         except CorruptObjectError as exc:
@@ -115,6 +119,7 @@ class NvmeRecovery:
                         new_uuid(), device.alignment)
         # A reformatted device may hold regions of the old uuid; they are ignored by the scan.
         st.sb = sb
+        st.reset_index()
         await self._checkpoint.write_superblock(sb)
         st.recovered_from = "new"
 

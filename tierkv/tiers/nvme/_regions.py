@@ -23,9 +23,13 @@ class Region:
     index: int
     state: RegionState = RegionState.FREE
     seq: int = 0
-    used: int = 0  # bytes from the region start up to the end of its last entry
+    # bytes from the region start up to the end of its last record (an entry, or the padding
+    # that ends a write on a block boundary: see `RegionWrites.write_behind`)
+    used: int = 0
     live: int = 0  # footprint bytes of the entries the index points at
-    durable: int = 0  # bytes of the buffer whose write was issued (write-behind) or done
+    # bytes of the buffer whose write was issued (write-behind) or done; always a multiple of
+    # the device block, so no block is written twice in one use of the region
+    durable: int = 0
     writes: set[asyncio.Task[None]] = field(default_factory=set)  # write-behind in flight
     failed: DeviceError | None = None  # the first write-behind failure of this use
     # The lowest buffer offset a failed write of this use began at: everything before it

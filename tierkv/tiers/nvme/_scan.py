@@ -2,10 +2,11 @@
 
 Every region whose first block is a valid region header of this device (magic, uuid, index,
 checksum) and whose use is not older than the superblock's floor is read whole and parsed entry
-by entry (`nvme_layout.scan_entries`, which says what counts). Media shorter than the configured
-log (a truncated file, a smaller device) is read up to its end: a region whose header lies past
-it is absent, one cut by it is read up to the last whole block before it, the rest counting as
-zeros (no entries). This module does the reading; the bytes are the layout's.
+by entry at the log's granularity, padding records included (`nvme_layout.scan_entries`, which
+says what counts). Media shorter than the configured log (a truncated file, a smaller device)
+is read up to its end: a region whose header lies past it is absent, one cut by it is read up to
+the last whole block before it, the rest counting as zeros (no entries). This module does the
+reading; the bytes are the layout's.
 """
 
 from __future__ import annotations
@@ -73,6 +74,6 @@ async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
         length = min(sb.region_size, (end - offset) // align * align)
         data = await read_range(io, pool, offset, length)
         data.extend(bytes(sb.region_size - length))
-        found.append(ScannedRegion(index, seq, scan_entries(memoryview(data), sb.uuid, seq,
-                                                            align)))
+        found.append(ScannedRegion(index, seq, scan_entries(data, sb.uuid, seq, align,
+                                                            sb.granularity)))
     return found

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 from tierkv.config import NvmeTierConfig
 from tierkv.errors import DeviceError
-from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, Superblock
+from tierkv.formats.nvme_layout import ENTRY_GRANULARITY, SUPERBLOCK_SIZE, Superblock
 from tierkv.formats.value import ObjectMeta
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._index import Location, NvmeIndex
@@ -62,7 +62,7 @@ class LogState:
         self.io: BlockIO | None = None
         self.pool = AlignedPool()
         self.sb: Superblock | None = None
-        self.index = NvmeIndex(4096)
+        self.index = NvmeIndex(ENTRY_GRANULARITY)
         self.regions = RegionTable(0)
         self.head: Region | None = None
         self.next_seq = 1
@@ -87,7 +87,13 @@ class LogState:
     # -- geometry --------------------------------------------------------------------------------
     @property
     def align(self) -> int:
+        """The device block: what IO offsets, lengths and buffers are multiples of."""
         return self.device.alignment if self.device is not None else 4096
+
+    @property
+    def grain(self) -> int:
+        """What entries are packed at: the log's recorded granularity (`entry_size`)."""
+        return self.sb.granularity if self.sb is not None else ENTRY_GRANULARITY
 
     def offset(self, region: int) -> int:
         return SUPERBLOCK_SIZE + region * self.config.region_size
@@ -112,8 +118,9 @@ class LogState:
 
     # -- index helpers ---------------------------------------------------------------------------
     def reset_index(self) -> None:
-        """An empty index over all-FREE regions (before a scan, or after a checkpoint failed)."""
-        self.index = NvmeIndex(self.align)
+        """An empty index over all-FREE regions (once the superblock is known, before a
+        checkpoint is loaded or a scan, or after a checkpoint failed)."""
+        self.index = NvmeIndex(self.grain)
         self.regions = RegionTable(self.region_count)
         self.live = 0
 

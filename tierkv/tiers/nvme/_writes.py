@@ -2,9 +2,14 @@
 
 Separate from the append log (`_log`) because it is the only code that writes region buffers
 to the device: chunking into device-aligned pieces, background tasks per region, and what a failed
-write drops. `RegionWrites` holds the tier's `LogState` and nothing else. Under the state's lock
-except the background tasks it starts, which nothing cancels: whoever waits for them (`drain`)
-waits without cancelling them (`_tasks.settle`).
+write drops. Entries are packed (`nvme_layout.entry_size`), so a buffer's filled part may end
+inside a device block; a write never covers a block twice within one use of a region (a torn
+rewrite could damage entries an earlier flush made durable): write-behind issues only whole
+chunks the entries have filled, and a write up to the buffer's end (a flush, a seal) first pads
+the last block with a padding record (`nvme_layout.write_padding`), so the next entry starts in a
+fresh block and `Region.durable` stays a multiple of the block. `RegionWrites` holds the tier's
+`LogState` and nothing else. Under the state's lock except the background tasks it starts, which
+nothing cancels: whoever waits for them (`drain`) waits without cancelling them (`_tasks.settle`).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import itertools
 
 from tierkv.errors import DeviceError
+from tierkv.formats.nvme_layout import padding_size, write_padding
 from tierkv.tiers.nvme._regions import EARLIER, Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import LogState, log
 from tierkv.tiers.nvme._tasks import settle, spawn
@@ -159,16 +165,29 @@ class RegionWrites:
         """Start writing the part of `region`'s buffer not yet issued, in the background.
 
         ``whole_chunks``: only up to the last chunk boundary (on the device), leaving the tail for
-        the next call, so a fill is written in full-size, chunk-aligned pieces.
+        the next call, so a fill is written in full-size, chunk-aligned pieces the entries filled
+        completely. Otherwise up to the buffer's end, padded to the next block boundary first.
         """
+        st = self._st
+        if not whole_chunks:
+            self._pad(region)
         start, end = region.durable, region.used
         if whole_chunks:
-            base = self._st.offset(region.index)
+            base = st.offset(region.index)
             end = (base + end) // WRITE_CHUNK * WRITE_CHUNK - base
         if end <= start:
             return
         region.durable = end  # issued: the task below writes it whatever happens to its caller
         spawn(self._write_range(region, start, end), region.writes)
+
+    def _pad(self, region: Region) -> None:
+        """End `region`'s records on a device-block boundary with a padding record; no await."""
+        st = self._st
+        size = padding_size(region.used, st.align)
+        if size and region.buffer is not None:
+            _d, _io, sb = st.dev_io()
+            write_padding(region.buffer.view, region.used, sb.uuid, seq=region.seq, size=size)
+            region.used += size
 
     async def _write_range(self, region: Region, start: int, end: int) -> None:
         try:

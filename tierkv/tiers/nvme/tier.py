@@ -1,16 +1,18 @@
 """NvmeTier (L3): a log of fixed-size regions on a file or block device, O_DIRECT, io_uring.
 
 Layout on media: `tierkv.formats.nvme_layout`. Puts append ``prefix | object header (with the
-key) | payload`` entries, each aligned to the device's block size and checksummed, into the
-in-memory *head* region buffer; a full head is sealed and written whole in the background (at
-most two regions in flight) while a fresh head takes new puts. Write-behind: whenever 1 MiB or
-more of the head is unwritten, a put starts writing it in the background in whole 1 MiB pieces
-aligned on the device (the tail waits for the next put), so large objects go to the device at
-once; `flush()` writes the head's unwritten part and waits for every write. Region buffers come
-prefaulted on transparent huge pages from the pool and are reused (see `io._aligned`).
-Reads of entries still in a buffer are served from memory; other reads go to the device through
-the IO backend into a pooled aligned buffer and are copied out, so the caller owns what `get`
-returns. Deletes append a tombstone entry.
+key) | payload`` entries, checksummed and packed back to back at the log's granularity (64
+bytes), into the in-memory *head* region buffer; a full head is sealed and written whole in the
+background (at most two regions in flight) while a fresh head takes new puts. Write-behind:
+whenever 1 MiB or more of the head is unwritten, a put starts writing it in the background in
+whole 1 MiB pieces aligned on the device (the tail waits for the next put), so large objects go
+to the device at once; `flush()` pads the head to the next device block (a padding record) and
+writes its unwritten part and waits for every write, so no block holding flushed entries is
+ever written again (`_writes`). Region buffers come prefaulted on transparent huge pages from
+the pool and are reused (see `io._aligned`). Reads of entries still in a buffer are served from
+memory; other reads go to the device through the IO backend, the entry's span rounded out to
+whole blocks, into a pooled aligned buffer and the entry is copied out, so the caller owns what
+`get` returns. Deletes append a tombstone entry.
 
 Space: `capacity` is the region area (region count times region size). When no region is free,
 puts reclaim a whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read
@@ -110,10 +112,9 @@ from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
 from tierkv.tiers.nvme._device import make_backend, open_device
-from tierkv.tiers.nvme._index import NvmeIndex
 from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
-from tierkv.tiers.nvme._regions import RegionState, RegionTable
+from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
@@ -156,7 +157,7 @@ class NvmeTier(Tier):
         return self._st.live
 
     def footprint(self, nbytes: int) -> int:
-        return entry_size(HEADER_ALLOWANCE, nbytes, self._st.align)
+        return entry_size(HEADER_ALLOWANCE, nbytes, self._st.grain)
 
     def _max_entry(self) -> int:
         return self.config.region_size - self._st.align
@@ -172,11 +173,9 @@ class NvmeTier(Tier):
         st = self._st
         device = open_device(self.config)
         st.device = device
-        st.index = NvmeIndex(device.alignment)
         try:
             st.io = make_backend(self.config, device)
-            st.regions = RegionTable(st.region_count)
-            await self._recovery.load_or_format(device)
+            await self._recovery.load_or_format(device)  # makes the index for the log's grain
             # the head and the regions being sealed each fill one region buffer: fault them in
             # now, not in the put that rotates the head (a 64 MiB prefault stalled the loop, and
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
@@ -265,7 +264,7 @@ class NvmeTier(Tier):
         if meta.nbytes != view.nbytes:
             raise ValueError(f"meta says {meta.nbytes} bytes, the payload has {view.nbytes}")
         header = encode_header(ObjectHeader(key, meta, checksum(view)))
-        size = entry_size(len(header), view.nbytes, st.align)
+        size = entry_size(len(header), view.nbytes, st.grain)
         if size > self._max_entry():
             raise TierFullError(f"{self.name}: an entry of {size} bytes does not fit a region")
         async with st.lock:
@@ -311,7 +310,7 @@ class NvmeTier(Tier):
                 return False
             tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, meta.generation)
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
-            size = entry_size(len(header), 0, st.align)
+            size = entry_size(len(header), 0, st.grain)
             await self._log.make_room(size)
             # no await from here: the key leaves the index in the step its tombstone is placed
             # (a reclaim in `make_room` may have dropped it already; the tombstone still goes)
