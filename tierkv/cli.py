@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import shutil
 import sys
 import tempfile
@@ -31,6 +32,9 @@ from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig,
 from tierkv.config.default import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.tiers import registry
+
+#: requests a ``--quick`` trace replay takes from the start of the trace
+TRACE_QUICK_REQUESTS = 1000
 
 console = Console()
 if not console.is_terminal:
@@ -74,10 +78,18 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--workdir", type=Path, default=Path("/var/tmp"),
                        help="where the embedded config and device benchmarks put files on disk")
     bench.add_argument("--trace", type=Path, metavar="JSONL",
-                       help="also replay this request trace (hash_ids per request) through the "
-                            "engine under prefix semantics")
-    bench.add_argument("--block-size", type=_size_arg, default=64 << 10,
-                       help="bytes stored per trace block (default 64KiB)")
+                       help="replay this Mooncake request trace (timestamp, hash_ids per "
+                            "request) through the engine under prefix semantics, beside offline "
+                            "LRU and Belady MIN, instead of the device benchmarks; --quick "
+                            f"replays the first {TRACE_QUICK_REQUESTS} requests")
+    bench.add_argument("--capacity", default="2%,5%,10%,25%", metavar="PCT[,PCT...]",
+                       help="trace: capacities to replay at, in percent of the trace's distinct "
+                            "blocks (default 2%%,5%%,10%%,25%%)")
+    bench.add_argument("--policy", default="tierkv", metavar="lru|tierkv",
+                       help="trace: the engine's policy: lru (plain LRU, every demotion "
+                            "admitted) or tierkv (LRU++ and the config's admission; the default)")
+    bench.add_argument("--block-size", default="16KiB", metavar="SIZE",
+                       help="trace: bytes stored per trace block (default 16KiB)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=_bench)
 
@@ -193,13 +205,15 @@ class _Bar:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    # the trace and its options are checked before the config is loaded or anything runs
+    trace = _trace_job(args) if args.trace is not None else None
     results: dict[str, Any] = {}
     rows: list[Row] = []
     progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn(
         "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
     with progress, _config_for(args.config, args.workdir) as config:
         bar = _Bar(progress)
-        for name, job in _bench_jobs(args, config):
+        for name, job in _bench_jobs(args, config, trace):
             section, section_rows = asyncio.run(job(bar))
             results[name] = section
             rows.extend(section_rows)
@@ -215,12 +229,16 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 Job = Callable[[_Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
+TraceJob = Callable[[Config, _Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
 
 
-def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job]]:
+def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None = None
+                ) -> list[tuple[str, Job]]:
     from tierkv.bench import engine as engine_bench
 
     quick = bool(args.quick)
+    if trace is not None:  # a replay alone: it builds its own hierarchy per capacity point
+        return [("trace", lambda bar: trace(config, bar))]
     if args.device == "gpu" and not isinstance(config.tiers[0], GpuTierConfig):
         raise ConfigError("--device gpu: the config has no gpu tier to measure")
     jobs: list[tuple[str, Job]] = []
@@ -236,8 +254,6 @@ def _bench_jobs(args: argparse.Namespace, config: Config) -> list[tuple[str, Job
                      engine_core.get_p99_under_migration, engine_core.write_through_group_commit):
             jobs.append((case.__name__, functools.partial(_engine_case, case, config, quick)))
         jobs.append(("workload", lambda bar: _workload(config, args, bar)))
-    if args.trace is not None:
-        jobs.append(("trace", lambda bar: _trace(config, args, bar)))
     if args.device == "nvme":
         jobs.append(("nvme", lambda bar: _device_bench("nvme", args, bar)))
     if args.device == "pmem":
@@ -265,21 +281,56 @@ async def _workload(
     return result, rows
 
 
-async def _trace(
-    config: Config, args: argparse.Namespace, bar: _Bar
-) -> tuple[dict[str, Any], list[Row]]:
-    from tierkv.bench.trace import read_trace, replay
-    from tierkv.engine import open as open_engine
+def _trace_job(args: argparse.Namespace) -> TraceJob:
+    """The trace replay of `args`, its options and trace read and checked now (`ConfigError`
+    naming the option), so that a mistake costs no benchmark run."""
+    from tierkv.bench.trace import read_trace
+    from tierkv.bench.trace_config import ReplayPolicy
 
+    capacities = _capacities(args.capacity)
     try:
-        requests = list(read_trace(args.trace, 1000 if args.quick else None))
+        policy = ReplayPolicy(args.policy)
+    except ValueError:
+        allowed = ", ".join(member.value for member in ReplayPolicy)
+        raise ConfigError(f"--policy: {args.policy!r} is not one of {allowed}") from None
+    try:
+        block_size = parse_size(args.block_size)
+    except ValueError as exc:
+        raise ConfigError(f"--block-size: {exc}") from None
+    if block_size <= 0:
+        raise ConfigError("--block-size: must be positive")
+    try:
+        requests = list(read_trace(args.trace, TRACE_QUICK_REQUESTS if args.quick else None))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--trace: {exc}") from None
-    async with open_engine(config) as kv:
-        result, rows = await replay(kv, requests, block_bytes=args.block_size, progress=bar)
-        result["stats"] = kv.stats()
-    result["trace"] = str(args.trace)
-    return result, rows
+    if not requests:
+        raise ConfigError(f"--trace: {args.trace} holds no request")
+
+    async def job(config: Config, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+        from tierkv.bench.trace import replay
+
+        result, rows = await replay(config, requests, capacities=capacities, policy=policy,
+                                    block_size=block_size, progress=bar)
+        result["trace"] = str(args.trace)
+        return result, rows
+
+    return job
+
+
+def _capacities(text: str) -> tuple[float, ...]:
+    """``2%,5%`` as fractions of the trace's distinct blocks, each in (0, 100] percent."""
+    fractions = []
+    for item in text.split(","):
+        number = item.strip().removesuffix("%").strip()
+        try:
+            percent = float(number) if number.isascii() else math.nan
+        except ValueError:
+            percent = math.nan
+        if not (math.isfinite(percent) and 0 < percent <= 100):
+            raise ConfigError(f"--capacity: {item.strip()!r} is not a percentage in (0, 100] "
+                              "(expected a list such as 2%,5%,10%)")
+        fractions.append(percent / 100)
+    return tuple(fractions)
 
 
 async def _device_bench(
