@@ -2,19 +2,30 @@
 
 A background task wakes a few times per `ttl`, asks the scheduler which objects of the first
 tier have been idle since before the cutoff, and submits their plans to the executor (a demotion,
-or only a delete where a lower tier already holds a copy). Pinned and busy objects stay.
+or only a delete where a lower tier already holds a copy). Pinned and busy objects stay, and so
+do objects the tiers below have no free room for: expiry never pushes anything out of the cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from tierkv.engine._evictor import Evictor
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._state import EngineState
 
 log = logging.getLogger("tierkv.engine")
+
+
+def _free_room(state: EngineState) -> Callable[[int], int]:
+    """Free bytes of a tier now: its capacity less what it holds (for the nvme log, less its
+    live entries: beyond them it would reclaim a region, dropping what that held)."""
+    def room(tier: int) -> int:
+        device = state.tiers[tier]
+        return max(device.capacity - device.used, 0)
+    return room
 
 
 async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evictor,
@@ -24,7 +35,8 @@ async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evict
         await asyncio.sleep(interval)
         if state.closing:
             return
-        plans = state.scheduler.expired(0, state.now() - ttl, evictor.protected, state.index.get)
+        plans = state.scheduler.expired(0, state.now() - ttl, evictor.protected, state.index.get,
+                                        _free_room(state))
         for plan in plans:
             entry = state.index.get(plan.key)
             if entry is None:

@@ -7,6 +7,11 @@ meanwhile (a demotion committed, its source deleted) it tries the entry's next c
 failed it tries the next copy; if the copy failed its checksum it is forgotten (counted) and the
 next is tried. A hit served below the first tier asks the scheduler whether the object earns a
 copy upward, which the executor then makes in the background.
+
+Prefetch warms objects into the first tier through the same executor (and the background byte
+budget): `prefetch` for keys a caller names, and after a get of a block of a known chain, the
+next `prefetch_depth` blocks of that chain (the best-ranked child at each step), since a prefix
+read of block i reads block i+1 next.
 """
 
 from __future__ import annotations
@@ -79,9 +84,33 @@ class Reads:
             entry.moving = True
             self._executor.submit(plan, background=True)
 
+    def prefetch(self, keys: Sequence[bytes]) -> int:
+        """Warm `keys` into the first tier in the background; how many moves were started."""
+        st = self._st
+        started = 0
+        for key in keys:
+            entry = st.index.get(key)
+            if entry is None or entry.moving or st.keys.busy(key):
+                continue
+            plan = st.scheduler.warm(entry)
+            if plan is not None:
+                entry.moving = True
+                st.counters.prefetches += 1
+                self._executor.submit(plan, background=True)
+                started += 1
+        return started
+
+    def _follow_chain(self, key: bytes, skip: Sequence[bytes] = ()) -> None:
+        depth = self._st.config.scheduler.prefetch_depth
+        if depth:
+            following = self._st.scheduler.following(key, depth)
+            if following:
+                self.prefetch([k for k in following if k not in skip])
+
     async def get_many(self, keys: Sequence[bytes]) -> list[Found | None]:
         """`get` of every key, in order: first-tier hits inline, the rest with at most the lower
-        tiers' queue depth in flight."""
+        tiers' queue depth in flight. The blocks of a chain after the last one of the leading
+        run of hits are prefetched."""
         st = self._st
         results: list[Found | None] = [None] * len(keys)
         slow: list[int] = []
@@ -94,4 +123,7 @@ class Reads:
         found = await bounded_map(self.get, [keys[p] for p in slow], self._fan_out)
         for position, value in zip(slow, found, strict=True):
             results[position] = value
+        run = next((i for i, got in enumerate(results) if got is None), len(results))
+        if run:
+            self._follow_chain(keys[run - 1], keys)
         return results

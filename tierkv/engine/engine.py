@@ -44,7 +44,7 @@ from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.value import Value, decode_value, encode_value
-from tierkv.keys import Key, encode_key
+from tierkv.keys import BlockKey, Key, encode_key
 from tierkv.tiers.base import Tier
 
 KeyT = TypeVar("KeyT", bound=Key)
@@ -159,10 +159,18 @@ class Engine:
 
     async def get_many(self, keys: Sequence[Key]) -> list[bytes | torch.Tensor | None]:
         """`get` of every key, results in order; lower-tier reads run concurrently, at most the
-        lower tiers' queue depth at once."""
+        lower tiers' queue depth at once. Under ``lru++`` the next `scheduler.prefetch_depth`
+        known blocks of the chain after the leading run of hits are warmed in the background."""
         async with self._call():
             found = await self._reads.get_many([encode_key(key) for key in keys])
         return [None if f is None else self._decode(f) for f in found]
+
+    async def prefetch(self, keys: Iterable[Key]) -> int:
+        """Warm `keys` into the first tier in the background, through the move executor and
+        its byte budget; returns how many moves were started (keys absent, already on top or
+        busy are skipped). Returns without waiting for the moves: `settle` waits for them."""
+        async with self._call():
+            return self._reads.prefetch([encode_key(key) for key in keys])
 
     async def contains(self, key: Key) -> bool:
         self._check_open()
@@ -202,10 +210,19 @@ class Engine:
     async def put_many(
         self, items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
     ) -> None:
-        """`put` of every (key, value) pair, in order."""
+        """`put` of every (key, value) pair, in order.
+
+        A chain of `BlockKey`s (as `block_keys` makes them) is linked as it goes: each
+        `BlockKey` whose context is longer than the `BlockKey` just before it gets that key as
+        its parent, so the scheduler knows the prefix chain (orphans and leaves go first) and
+        `prefetch` can follow it, without the caller passing parents."""
         pairs = items.items() if isinstance(items, Mapping) else items
+        previous: Key | None = None
         for key, value in pairs:
-            await self.put(key, value)
+            chained = (isinstance(key, BlockKey) and isinstance(previous, BlockKey)
+                       and previous.context_length < key.context_length)
+            await self.put(key, value, parents=(previous,) if chained and previous else ())
+            previous = key
 
     async def delete(self, key: Key) -> bool:
         """Remove `key` from every tier; whether it was stored."""

@@ -20,6 +20,8 @@ class EngineCounters:
     promotions: Counter[str] = field(default_factory=Counter)
     #: objects that left the cache: dropped by the last tier that held them
     drops: int = 0
+    #: moves into the first tier started by `prefetch` or by following a chain
+    prefetches: int = 0
     expired: int = 0
     corrupt_reads: int = 0
     device_errors: int = 0

@@ -36,6 +36,11 @@ class Lineage:
         node = self._nodes.get(key)
         return node.depth if node is not None else 0
 
+    def children(self, key: bytes) -> list[bytes]:
+        """The held or known blocks extending `key`."""
+        node = self._nodes.get(key)
+        return list(node.children) if node is not None else []
+
     def orphaned(self, key: bytes) -> bool:
         """Whether `key` names a parent that no tier holds."""
         node = self._nodes.get(key)

@@ -153,13 +153,27 @@ class Scheduler:
         return plans
 
     def expired(self, tier: int, cutoff: float, protected: Callable[[bytes], bool],
-                lookup: Lookup) -> list[Departure]:
-        """Plans moving what was idle in `tier` since before `cutoff` (its TTL) out of it."""
+                lookup: Lookup, room: Callable[[int], int] | None = None) -> list[Departure]:
+        """Plans moving what was idle in `tier` since before `cutoff` (its TTL) out of it.
+
+        `room(t)`: free bytes in tier t now. Given it, an idle object is only moved down into
+        room that is free: a TTL frees the upper tier ahead of demand and makes objects durable
+        sooner, but never pushes another object out of the cache (an expiry that demoted into a
+        full tier dropped the lower tier's victims and left the upper tier empty, so the
+        hierarchy held a fifth less than its capacity)."""
         plans: list[Departure] = []
+        free = {} if room is None else {t: room(t) for t in range(tier + 1, len(self._tiers))}
         for key in self.policies[tier].idle(cutoff):
             copies = lookup(key)
-            if not protected(key) and copies is not None and tier in copies.locations:
-                plans.append(self._depart(tier, copies))
+            if protected(key) or copies is None or tier not in copies.locations:
+                continue
+            plan = self._depart(tier, copies)
+            if room is not None and isinstance(plan, Demote | Drop):
+                target = plan.target if isinstance(plan, Demote) else None
+                if target is None or free[target] < copies.nbytes:
+                    continue  # nowhere to go without evicting another object: stay
+                free[target] -= copies.nbytes
+            plans.append(plan)
         return plans
 
     def _depart(self, tier: int, copies: Copies) -> Departure:
@@ -192,6 +206,33 @@ class Scheduler:
             return None
         return Promote(copies.key, copies.generation, copies.nbytes, served_from, top,
                        self.exclusive)
+
+    def warm(self, copies: Copies) -> Promote | None:
+        """A prefetch of `copies` into the first tier, where it is held only below (no score
+        test: the caller or the chain says it will be read soon)."""
+        locations = copies.locations
+        top = 0
+        if (not locations or top in locations or self._tiers[top].reclaims_space
+                or not self._tiers[top].can_ever_hold(copies.nbytes)):
+            return None
+        return Promote(copies.key, copies.generation, copies.nbytes, locations[0], top,
+                       self.exclusive)
+
+    def following(self, key: bytes, depth: int) -> list[bytes]:
+        """Up to `depth` blocks after `key` in its chain, nearest first: at each step the
+        best-ranked child (a prefix read of block i reads block i+1 next)."""
+        chain: list[bytes] = []
+        if not self.scored:
+            return chain
+        book = self.book
+        while len(chain) < depth:
+            ranked = [(book.rank(score), child) for child in self.lineage.children(key)
+                      if (score := book.get(child)) is not None]
+            if not ranked:
+                break
+            key = max(ranked)[1]
+            chain.append(key)
+        return chain
 
     def _earns(self, tier: int, key: bytes, nbytes: int) -> bool:
         if self._tiers[tier].fits(nbytes):
