@@ -6,7 +6,7 @@ import re
 from fractions import Fraction
 
 _SIZE_UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
-_DURATION_UNITS = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0}
 _NUMBER_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -34,7 +34,7 @@ def parse_duration(text: str) -> float:
     _check_ascii(text, "duration")
     match = _NUMBER_UNIT.match(text)
     if not match or match.group(2) not in _DURATION_UNITS:
-        raise ValueError(f"{text!r} is not a duration (use ms, s, min or h)")
+        raise ValueError(f"{text!r} is not a duration (use ns, us, ms, s, min or h)")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 

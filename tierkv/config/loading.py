@@ -16,7 +16,7 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from tierkv._units import parse_duration, parse_size
 from tierkv.config.machine import check_device, check_memory, check_path, check_room
@@ -92,6 +92,10 @@ class _Table:
         if default is _REQUIRED:
             raise ConfigError(f"{self._key(key)}: missing required key")
         return default
+
+    def raw(self, key: str, default: Any) -> Any:
+        """The value as written (marked as read), for keys with a word among their values."""
+        return self._raw(key, default)
 
     def error(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self._key(key)}: {message}")
@@ -262,7 +266,7 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         check_memory(t, device, capacity)
         low, high = _watermarks(t)
         tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0),
-                             free_low=low, free_high=high)
+                             free_low=low, free_high=high, **_profile(t))
     elif kind is TierKind.PMEM:
         pool = check_path(t, "path", t.string("path"), TierKind.PMEM)
         if capacity < MIN_PMEM_POOL:
@@ -270,7 +274,8 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         low, high = _watermarks(t)
         tier = PmemTierConfig(name, capacity, pool, t.boolean("format", False),
                               queue_depth=t.integer("queue_depth", 16, low=1, high=1024),
-                              free_low=low, free_high=high)
+                              free_low=low, free_high=high, ttl=t.duration_or_off("ttl"),
+                              **_profile(t))
     else:
         log = check_path(t, "path", t.string("path"), TierKind.NVME)
         region_size = t.size("region_size", 64 << 20)
@@ -290,6 +295,8 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
             reinsert_hits=t.integer("reinsert_hits", 2, low=0, high=1 << 30),
             format=t.boolean("format", False),
             sq_poll=t.duration_or_off("sq_poll"),
+            ttl=t.duration_or_off("ttl"),
+            **_profile(t),
         )
         if tier.sq_poll is not None and tier.backend is NvmeBackend.THREADS:
             raise t.error("sq_poll", 'needs the io_uring backend, not "threads"')
@@ -298,6 +305,18 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
                                      f"{SQ_POLL_MAX:g}s")
     t.finish()
     return tier
+
+
+class _Profile(TypedDict):
+    latency: float | None
+    bandwidth: int | None
+
+
+def _profile(t: _Table) -> _Profile:
+    """`latency` and `bandwidth` of a tier: given, or "probe" (the default) to measure them."""
+    latency = None if t.raw("latency", "probe") == "probe" else t.duration("latency", 0.0)
+    bandwidth = None if t.raw("bandwidth", "probe") == "probe" else t.size("bandwidth", 0)
+    return {"latency": latency, "bandwidth": bandwidth}
 
 
 def _watermarks(t: _Table) -> tuple[float, float]:

@@ -84,6 +84,10 @@ class GpuTierConfig:
     #: moves objects out until `free_high` is free again
     free_low: float = DEFAULT_FREE_LOW
     free_high: float = DEFAULT_FREE_HIGH
+    #: the tier's access profile for `select_tier`: seconds per small read and bytes per second;
+    #: None: measured by a short probe when the engine opens
+    latency: float | None = None
+    bandwidth: int | None = None
     kind: TierKind = field(default=TierKind.GPU, init=False)
 
 
@@ -97,6 +101,12 @@ class PmemTierConfig:
     queue_depth: int = 16
     free_low: float = DEFAULT_FREE_LOW
     free_high: float = DEFAULT_FREE_HIGH
+    #: seconds an object may stay unread here before it moves down (None: no limit)
+    ttl: float | None = None
+    #: the tier's access profile for `select_tier`: seconds per small read and bytes per second;
+    #: None: measured by a short probe when the engine opens
+    latency: float | None = None
+    bandwidth: int | None = None
     kind: TierKind = field(default=TierKind.PMEM, init=False)
 
 
@@ -115,6 +125,12 @@ class NvmeTierConfig:
     #: io_uring submission-queue polling: a kernel thread takes submissions without a syscall and
     #: sleeps after this many idle seconds; None: off (each submission is a syscall)
     sq_poll: float | None = None
+    #: seconds an object may stay unread here before it leaves (None: no limit)
+    ttl: float | None = None
+    #: the tier's access profile for `select_tier`: seconds per small read and bytes per second;
+    #: None: measured by a short probe when the engine opens
+    latency: float | None = None
+    bandwidth: int | None = None
     kind: TierKind = field(default=TierKind.NVME, init=False)
 
 

@@ -28,7 +28,8 @@ class Writes:
         self._copies = copies
         self._write_through = state.config.engine.write_policy is WritePolicy.WRITE_THROUGH
 
-    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> None:
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload,
+                  latency_slo: float | None = None) -> None:
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
@@ -36,7 +37,7 @@ class Writes:
             if old is not None:
                 await self._copies.discard(old, claim)
             entry = st.index.new_entry(key, meta)
-            first = st.scheduler.write_tier(entry.nbytes)
+            first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
             if first is None:
                 raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
             placed = await self._copies.store(entry, payload, first, claim)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ from tierkv.engine._expiry import expire_idle
 from tierkv.engine._flush import Flusher
 from tierkv.engine._moves import Moves
 from tierkv.engine._pins import PinContext, Pins
+from tierkv.engine._profiles import measure_profiles
 from tierkv.engine._reads import Found, Reads
 from tierkv.engine._recovery import open_tiers
 from tierkv.engine._state import EngineState
@@ -71,6 +73,8 @@ class Engine:
         self._evictor_tasks: list[asyncio.Task[None]] = []
         self._expiry: asyncio.Task[None] | None = None
         self._one_call = _Call(st)
+        #: one profile probe at a time (the first puts with a latency SLO)
+        self._profiling = asyncio.Lock()
         self._closed = True  # until `_start` has opened the tiers
         first = config.tiers[0]
         self.device = (
@@ -191,11 +195,16 @@ class Engine:
         return value
 
     # -- writes ----------------------------------------------------------------------------------
-    async def put(self, key: Key, value: Value, *, parents: Iterable[Key] = ()) -> None:
+    async def put(self, key: Key, value: Value, *, parents: Iterable[Key] = (),
+                  latency_slo: float | None = None) -> None:
         """Store `value` under `key`, replacing (and invalidating) any earlier value.
 
-        `parents` are the keys this value derives from. With ``write_back`` the call returns once
-        the first tier that can hold the object holds it; with ``write_through`` once a
+        `parents` are the keys this value derives from (the first names the prefix block it
+        extends). `latency_slo` (seconds per read), if given, places the object in the slowest
+        tier whose measured profile reads it that fast at its access frequency
+        (`tierkv.scheduler.select_tier`); without it, it enters the first tier that can hold it
+        and its LRU++ score decides where it lives from then on. With ``write_back`` the call
+        returns once the first tier that can hold the object holds it; with ``write_through`` once a
         persistent tier holds it on media. A full tier makes the put wait for the background
         evictor (at most `engine.space_timeout`). Raises `TierFullError` when no tier can hold it
         in time and `DeviceError` when every tier that could failed; in both cases (and when
@@ -203,8 +212,14 @@ class Engine:
         """
         raw = encode_key(key)
         meta, payload = encode_value(value, parents=tuple(encode_key(p) for p in parents))
+        if latency_slo is not None and not (latency_slo > 0 and math.isfinite(latency_slo)):
+            raise ValueError("latency_slo must be a positive number of seconds")
         async with self._call():
-            await self._writes.put(raw, meta, payload)
+            if latency_slo is not None and self._st.scheduler.profiles is None:
+                async with self._profiling:
+                    if self._st.scheduler.profiles is None:
+                        self._st.scheduler.profiles = await measure_profiles(self._st)
+            await self._writes.put(raw, meta, payload, latency_slo)
         self._st.counters.puts += 1
 
     async def put_many(

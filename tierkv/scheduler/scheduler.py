@@ -33,6 +33,7 @@ from tierkv.scheduler.placement import (
 from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote
 from tierkv.scheduler.policy import EvictionPolicy as TierPolicy
 from tierkv.scheduler.scores import ScoreBook
+from tierkv.scheduler.select import TierProfile, select_tier
 
 
 class Copies(Protocol):
@@ -74,6 +75,8 @@ class Scheduler:
             self.policies = self._scored
         else:
             self.policies = tuple(LruPolicy() for _ in self._tiers)
+        #: each tier's access profile, set by the engine once measured (`select_tier`)
+        self.profiles: tuple[TierProfile, ...] | None = None
         #: admission filters of the persistent tiers (index -> filter), `lru++` only
         self.admission: dict[int, AdaptiveAdmission] = {}
         if self.scored:
@@ -129,9 +132,18 @@ class Scheduler:
                 index += 1
 
     # -- placement ---------------------------------------------------------------------------
-    def write_tier(self, nbytes: int) -> int | None:
-        """The tier a put goes to (the fastest that can hold it at all)."""
-        return first_tier_for(self._tiers, nbytes)
+    def write_tier(self, nbytes: int, key: bytes = b"", now: float = 0.0,
+                   latency_slo: float | None = None) -> int | None:
+        """The tier a put goes to: without an SLO the fastest that can hold it at all (its
+        score then decides where it lives, through eviction and promotion); with one,
+        `select_tier` over the tiers' profiles at the key's access frequency."""
+        if latency_slo is None or self.profiles is None:
+            return first_tier_for(self._tiers, nbytes)
+        room = [tier.can_ever_hold(nbytes) and (tier.reclaims_space or tier.fits(nbytes))
+                for tier in self._tiers]
+        chosen = select_tier(self.profiles, nbytes, latency_slo,
+                             self.book.frequency(key, now), room)
+        return chosen if chosen is not None else first_tier_for(self._tiers, nbytes)
 
     def next_tier(self, nbytes: int, after: int) -> int | None:
         """Where a write that the tier `after` could not take goes next."""

@@ -31,6 +31,8 @@ class Score:
     last: float
     #: bit i set: tier i holds a copy
     tiers: int = 0
+    #: smoothed seconds between accesses (0: none seen yet), for the access frequency
+    interval: float = 0.0
 
 
 class ScoreBook:
@@ -87,8 +89,19 @@ class ScoreBook:
         score = self._scores.get(key)
         if score is not None:
             score.count = self.alpha * score.count + 1.0
+            gap = max(now - score.last, 0.0)
+            score.interval = gap if not score.interval else 0.8 * score.interval + 0.2 * gap
             score.last = max(score.last, now)
         return score
+
+    def frequency(self, key: bytes, now: float) -> float:
+        """Accesses per second of `key`, decayed: the smoothed rate, or less once it has been
+        idle for longer than its usual interval; 0 for a key not seen twice."""
+        score = self._scores.get(key)
+        if score is None or not score.interval:
+            return 0.0
+        interval = max(score.interval, now - score.last, 1e-9)
+        return 1.0 / interval
 
     def rank(self, score: Score) -> float:
         """Order-preserving form of the score: higher ranks are kept longer."""

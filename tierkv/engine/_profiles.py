@@ -1,0 +1,73 @@
+"""The tiers' access profiles for `select_tier`: configured, or measured by a short probe.
+
+A tier whose `latency` and `bandwidth` are both set in its config keeps them. For the others a
+probe object of 4 KiB and one of 256 KiB are written, read back
+three times each and deleted: the fastest small read is the latency, the large read beyond it
+gives the bandwidth. The probe runs once, when the first put with a `latency_slo` needs the
+profiles (so engines that never ask pay nothing, and no probe object ever lands on media
+otherwise). A tier that cannot take the probe (full, failing) gets its kind's typical profile.
+The probe keys carry a tag no public key encodes to, so they can never meet a user's key.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tierkv.config import TierKind
+from tierkv.engine._state import EngineState, log
+from tierkv.errors import TierKVError
+from tierkv.formats.value import encode_value
+from tierkv.scheduler.select import TierProfile
+from tierkv.tiers.base import Tier
+
+#: typical (latency seconds, bandwidth bytes/s) of each kind, when a probe cannot run
+TYPICAL = {TierKind.GPU: (2e-6, 10e9), TierKind.PMEM: (1e-6, 4e9), TierKind.NVME: (100e-6, 2e9)}
+_PROBE_TAG = b"\xfftierkv.probe."
+_SMALL, _LARGE, _ROUNDS = 4096, 256 << 10, 3
+
+
+async def measure_profiles(state: EngineState) -> tuple[TierProfile, ...]:
+    profiles = []
+    for tier, config in zip(state.tiers, state.config.tiers, strict=True):
+        measured = TYPICAL[config.kind]
+        if config.latency is None or config.bandwidth is None:
+            measured = await _probe(tier) or measured
+        latency = config.latency if config.latency is not None else measured[0]
+        bandwidth = float(config.bandwidth) if config.bandwidth is not None else measured[1]
+        profiles.append(TierProfile(latency, bandwidth, tier.queue_depth))
+        log.info("tier %s profile: %.3g s + bytes / %.3g B/s", tier.name, latency, bandwidth)
+    return tuple(profiles)
+
+
+async def _probe(tier: Tier) -> tuple[float, float] | None:
+    if not tier.can_ever_hold(_LARGE):
+        return None
+    try:
+        small_time = await _read_time(tier, _SMALL)
+        large_time = await _read_time(tier, _LARGE)
+    except TierKVError as exc:
+        log.warning("tier %s: the profile probe failed (%s); using typical figures",
+                    tier.name, exc)
+        return None
+    if small_time is None or large_time is None:
+        return None
+    return small_time, (_LARGE - _SMALL) / max(large_time - small_time, 1e-9)
+
+
+async def _read_time(tier: Tier, nbytes: int) -> float | None:
+    """The fastest of a few reads of an `nbytes` probe object; ``None`` if it did not fit."""
+    key = _PROBE_TAG + str(nbytes).encode()
+    meta, payload = encode_value(bytes(nbytes))
+    if not tier.reclaims_space and not tier.fits(meta.nbytes):
+        return None
+    await tier.put(key, meta, payload)
+    try:
+        best = float("inf")
+        for _ in range(_ROUNDS):
+            started = time.perf_counter()
+            if await tier.get(key) is None:
+                return None
+            best = min(best, time.perf_counter() - started)
+        return best
+    finally:
+        await tier.delete(key)
