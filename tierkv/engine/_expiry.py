@@ -1,9 +1,11 @@
-"""Time to live in the first tier: objects idle for longer than its `ttl` move down.
+"""Time to live per tier: objects idle for longer than a tier's `ttl` move down.
 
-A background task wakes a few times per `ttl`, asks the scheduler which objects of the first
-tier have been idle since before the cutoff, and submits their plans to the executor (a demotion,
-or only a delete where a lower tier already holds a copy). Pinned and busy objects stay, and so
-do objects the tiers below have no free room for: expiry never pushes anything out of the cache.
+For each tier with a `ttl` (the gpu tier's defaults to 5 s, the others' to none), a background
+task wakes a few times per `ttl`, asks the scheduler which objects of the tier have been idle
+since before the cutoff, and submits their plans to the executor (a demotion, or only a delete
+where a lower tier already holds a copy; in the last tier, a drop). Pinned and busy objects stay,
+and so do objects the tiers below have no free room for: expiry never pushes another object out
+of the cache.
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ def _free_room(state: EngineState) -> Callable[[int], int]:
 
 
 async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evictor,
-                      ttl: float) -> None:
+                      tier: int, ttl: float) -> None:
     interval = min(max(ttl / 4, 0.01), 1.0)
     while True:
         await asyncio.sleep(interval)
         if state.closing:
             return
-        plans = state.scheduler.expired(0, state.now() - ttl, evictor.protected, state.index.get,
-                                        _free_room(state))
+        plans = state.scheduler.expired(tier, state.now() - ttl, evictor.protected,
+                                        state.index.get, _free_room(state))
         for plan in plans:
             entry = state.index.get(plan.key)
             if entry is None:

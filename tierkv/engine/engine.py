@@ -71,7 +71,7 @@ class Engine:
         self._evictors = [Evictor(st, i, self._executor) for i in range(len(self.tiers))]
         self._evictors[0].protect_pins(self._pins.counts)
         self._evictor_tasks: list[asyncio.Task[None]] = []
-        self._expiry: asyncio.Task[None] | None = None
+        self._expiry_tasks: list[asyncio.Task[None]] = []
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
@@ -96,10 +96,10 @@ class Engine:
             if st.spaces[index].watermarks is not None:
                 self._evictor_tasks.append(asyncio.create_task(self._evictors[index].run()))
                 st.spaces[index].cue.set()  # a recovered tier may start above its watermark
-        first = self.config.tiers[0]
-        if isinstance(first, GpuTierConfig):
-            self._expiry = asyncio.create_task(
-                expire_idle(st, self._executor, self._evictors[0], first.ttl))
+        for index, tier_config in enumerate(self.config.tiers):
+            if tier_config.ttl is not None:
+                self._expiry_tasks.append(asyncio.create_task(expire_idle(
+                    st, self._executor, self._evictors[index], index, tier_config.ttl)))
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
@@ -119,9 +119,9 @@ class Engine:
         try:
             # calls in progress end; the evictors still run, so writes waiting for room get it
             await st.quiet.wait()
-            if self._expiry is not None:
-                self._expiry.cancel()
-                await asyncio.gather(self._expiry, return_exceptions=True)
+            for expiry in self._expiry_tasks:
+                expiry.cancel()
+            await asyncio.gather(*self._expiry_tasks, return_exceptions=True)
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
             await self._flusher.flush()  # may wait for room below: the evictors still run
@@ -131,7 +131,7 @@ class Engine:
             st.closing = True
             for space in st.spaces:
                 space.close()
-            background = [*self._evictor_tasks, *([self._expiry] if self._expiry else [])]
+            background = [*self._evictor_tasks, *self._expiry_tasks]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

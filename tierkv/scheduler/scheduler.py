@@ -180,11 +180,10 @@ class Scheduler:
             if protected(key) or copies is None or tier not in copies.locations:
                 continue
             plan = self._depart(tier, copies)
-            if room is not None and isinstance(plan, Demote | Drop):
-                target = plan.target if isinstance(plan, Demote) else None
-                if target is None or free[target] < copies.nbytes:
+            if room is not None and isinstance(plan, Demote):
+                if free[plan.target] < copies.nbytes:
                     continue  # nowhere to go without evicting another object: stay
-                free[target] -= copies.nbytes
+                free[plan.target] -= copies.nbytes
             plans.append(plan)
         return plans
 
