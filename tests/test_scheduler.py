@@ -149,8 +149,13 @@ def test_expired_plans_cover_only_idle_unprotected_copies() -> None:
 def test_a_hit_below_earns_a_promotion_to_the_top(enabled: bool) -> None:
     scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled))
     below = Obj(b"k", locations=[2])
-    expected = Promote(b"k", 1, 10, 2, 0, exclusive=True) if enabled else None
+    # out of the log (which reclaims space itself) the copy stays: deleting it frees nothing
+    expected = Promote(b"k", 1, 10, 2, 0, exclusive=False) if enabled else None
     assert scheduler.on_hit(below, 2) == expected
+    # out of a tier the engine evicts from, the object moves (exclusive caching)
+    middle = Obj(b"k", locations=[1])
+    assert scheduler.on_hit(middle, 1) == (Promote(b"k", 1, 10, 1, 0, exclusive=True)
+                                           if enabled else None)
     assert scheduler.on_hit(Obj(b"k", locations=[0, 2]), 2) is None  # already on top
     assert scheduler.on_hit(Obj(b"k", locations=[0]), 0) is None
     assert scheduler.on_hit(Obj(b"k", nbytes=500, locations=[1]), 1) is None  # top too small

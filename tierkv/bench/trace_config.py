@@ -101,10 +101,22 @@ def _resized_persistent(tier: PmemTierConfig | NvmeTierConfig, share_bytes: int,
         capacity = max(share_bytes, MIN_PMEM_POOL)
         resized = replace(tier, capacity=capacity, path=path, format=True)
         return resized, capacity, share_bytes < MIN_PMEM_POOL
-    # the log's capacity is its region area behind the superblock, in whole regions
-    area = max(1, round(share_bytes / tier.region_size)) * tier.region_size
-    log = replace(tier, capacity=NVME_SUPERBLOCK + area, path=path, format=True)
-    return log, area, share_bytes < tier.region_size
+    # The log's capacity is its region area behind the superblock, in whole regions. Regions
+    # are made smaller (never below 1 MiB) where the share holds fewer than `MIN_REGIONS`, so
+    # that rounding to whole regions and the region reclaim costs stay a few percent of the
+    # share instead of a fifth of it at the small capacity points.
+    region = tier.region_size
+    while region > MIN_REGION and share_bytes < MIN_REGIONS * region:
+        region //= 2
+    area = max(1, round(share_bytes / region)) * region
+    log = replace(tier, capacity=NVME_SUPERBLOCK + area, path=path, format=True,
+                  region_size=region)
+    return log, area, share_bytes < region
+
+
+#: the replay's logs get regions of at least 1 MiB, and at least this many of them if possible
+MIN_REGION = 1 << 20
+MIN_REGIONS = 64
 
 
 @contextlib.contextmanager

@@ -216,7 +216,13 @@ class Scheduler:
         if self.scored and not self._earns(top, copies.key, copies.nbytes):
             return None
         return Promote(copies.key, copies.generation, copies.nbytes, served_from, top,
-                       self.exclusive)
+                       self._moves_up(served_from))
+
+    def _moves_up(self, source: int) -> bool:
+        """Whether a promotion out of `source` deletes the source copy. Not out of a tier that
+        reclaims space itself (the nvme log): deleting there frees nothing until its region is
+        reclaimed, while the copy left in place saves a write if the object comes back down."""
+        return self.exclusive and not self._tiers[source].reclaims_space
 
     def warm(self, copies: Copies) -> Promote | None:
         """A prefetch of `copies` into the first tier, where it is held only below (no score
@@ -227,7 +233,7 @@ class Scheduler:
                 or not self._tiers[top].can_ever_hold(copies.nbytes)):
             return None
         return Promote(copies.key, copies.generation, copies.nbytes, locations[0], top,
-                       self.exclusive)
+                       self._moves_up(locations[0]))
 
     def following(self, key: bytes, depth: int) -> list[bytes]:
         """Up to `depth` blocks after `key` in its chain, nearest first: at each step the
