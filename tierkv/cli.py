@@ -67,9 +67,11 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="measure the engine or one tier beside a baseline")
     bench.add_argument("--config", type=Path, help="TOML device config (default: embedded)")
-    bench.add_argument("--device", choices=("engine", "gpu", "pmem", "nvme"), default="engine",
+    bench.add_argument("--device", choices=("engine", "gpu", "pmem", "nvme", "scheduler"),
+                       default="engine",
                        help="engine: L1 figures and a workload through the whole hierarchy; "
-                            "gpu: the L1 figures only; pmem/nvme: that tier against memcpy/fio")
+                            "gpu: the L1 figures only; pmem/nvme: that tier against memcpy/fio; "
+                            "scheduler: policy bookkeeping per access at 1M objects beside LRU")
     bench.add_argument("--size", type=_size_arg, default=256 << 10,
                        help="object size of the workload (default 256KiB)")
     bench.add_argument("--count", type=int, default=2048, help="objects in the workload")
@@ -258,7 +260,15 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
         jobs.append(("nvme", lambda bar: _device_bench("nvme", args, bar)))
     if args.device == "pmem":
         jobs.append(("pmem", lambda bar: _device_bench("pmem", args, bar)))
+    if args.device in ("engine", "scheduler"):
+        jobs.append(("scheduler", lambda bar: _scheduler_bench(quick, bar)))
     return jobs
+
+
+async def _scheduler_bench(quick: bool, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+    from tierkv.bench.scheduler import run_scheduler_bench
+
+    return run_scheduler_bench(quick=quick, progress=bar)
 
 
 async def _engine_case(case: Callable[..., Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]],

@@ -14,15 +14,16 @@ policies to re-rank: cost proportional to the children touched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 
-
-@dataclass(slots=True)
 class _Node:
-    parent: bytes | None = None
-    depth: int = 0
-    held: bool = False
-    children: set[bytes] = field(default_factory=set)
+    __slots__ = ("children", "depth", "held", "parent")
+
+    def __init__(self) -> None:
+        self.parent: bytes | None = None
+        self.depth = 0
+        self.held = False
+        #: made on the first child (most blocks are leaves: a set each cost 200 bytes)
+        self.children: set[bytes] | None = None
 
 
 class Lineage:
@@ -39,7 +40,7 @@ class Lineage:
     def children(self, key: bytes) -> list[bytes]:
         """The held or known blocks extending `key`."""
         node = self._nodes.get(key)
-        return list(node.children) if node is not None else []
+        return list(node.children) if node is not None and node.children else []
 
     def orphaned(self, key: bytes) -> bool:
         """Whether `key` names a parent that no tier holds."""
@@ -49,9 +50,10 @@ class Lineage:
         parent = self._nodes.get(node.parent)
         return parent is None or not parent.held
 
-    def enter(self, key: bytes, parent: bytes | None) -> list[bytes]:
+    def enter(self, key: bytes, parent: bytes | None) -> tuple[list[bytes], int, bool]:
         """`key` is now held, extending `parent` (or no chain); returns its children that had
-        been orphaned by its absence and are adopted again."""
+        been orphaned by its absence and are adopted again, its depth and whether it is an
+        orphan itself (its parent is held nowhere)."""
         node = self._nodes.get(key)
         if node is None:
             node = self._nodes[key] = _Node()
@@ -60,10 +62,14 @@ class Lineage:
             above = self._nodes.get(parent)
             if above is None:
                 above = self._nodes[parent] = _Node()
+            if above.children is None:
+                above.children = set()
             above.children.add(key)
             node.parent, node.depth = parent, above.depth + 1
         node.held = True
-        return list(node.children)
+        above = self._nodes.get(node.parent) if node.parent is not None else None
+        orphan = node.parent is not None and (above is None or not above.held)
+        return (list(node.children) if node.children else []), node.depth, orphan
 
     def leave(self, key: bytes) -> list[bytes]:
         """`key` is no longer held; returns its children, orphaned now."""
@@ -71,9 +77,9 @@ class Lineage:
         if node is None:
             return []
         node.held = False
-        children = list(node.children)
+        children = list(node.children) if node.children else []
         self._unlink(key, node)
-        if not node.children:
+        if not children:
             del self._nodes[key]
         return children
 
@@ -85,6 +91,7 @@ class Lineage:
         above = self._nodes.get(parent_key)
         if above is None:
             return
-        above.children.discard(key)
+        if above.children is not None:
+            above.children.discard(key)
         if not above.children and not above.held:
             del self._nodes[parent_key]

@@ -16,17 +16,15 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable
 
-from tierkv.scheduler.lineage import Lineage
-from tierkv.scheduler.scores import ScoreBook
+from tierkv.scheduler.scores import Score, ScoreBook
 
 #: (standing class, rank, -depth, sequence, key); sequence breaks ties oldest first
 _Item = tuple[int, float, int, int, bytes]
 
 
 class ScoredPolicy:
-    def __init__(self, book: ScoreBook, lineage: Lineage) -> None:
+    def __init__(self, book: ScoreBook) -> None:
         self._book = book
-        self._lineage = lineage
         self._heap: list[_Item] = []
         self._current: dict[bytes, int] = {}  # key -> sequence of its live heap item
         self._recent: OrderedDict[bytes, float] = OrderedDict()
@@ -49,6 +47,20 @@ class ScoredPolicy:
             self._recent.move_to_end(key)
             self._push(key)
 
+    def touch_scored(self, key: bytes, score: Score, now: float) -> None:
+        """`touch` of a key whose score the caller holds (one lookup fewer on the hot path)."""
+        recent = self._recent
+        if key in recent:
+            recent[key] = now
+            recent.move_to_end(key)
+            self._sequence += 1
+            sequence = self._sequence
+            self._current[key] = sequence
+            heapq.heappush(self._heap, (0 if score.orphan else 1, self._book.rank(score),
+                                        -score.depth, sequence, key))
+            if len(self._heap) > 2 * len(self._current) + 1024:
+                self._compact()
+
     def rerank(self, key: bytes) -> None:
         """`key`'s standing changed without an access (its parent came or went)."""
         if key in self._current:
@@ -60,9 +72,9 @@ class ScoredPolicy:
 
     def standing(self, key: bytes) -> tuple[int, float, int]:
         score = self._book.get(key)
-        rank = self._book.rank(score) if score is not None else float("-inf")
-        lineage = self._lineage
-        return (0 if lineage.orphaned(key) else 1, rank, -lineage.depth(key))
+        if score is None:
+            return (0, float("-inf"), 0)
+        return (0 if score.orphan else 1, self._book.rank(score), -score.depth)
 
     def lowest(self) -> tuple[int, float, int] | None:
         """The standing of the next victim, or ``None`` for an empty tier."""

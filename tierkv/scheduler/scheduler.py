@@ -71,7 +71,7 @@ class Scheduler:
         self.policies: tuple[TierPolicy, ...]
         self._scored: tuple[ScoredPolicy, ...] = ()
         if self.scored:
-            self._scored = tuple(ScoredPolicy(self.book, self.lineage) for _ in self._tiers)
+            self._scored = tuple(ScoredPolicy(self.book) for _ in self._tiers)
             self.policies = self._scored
         else:
             self.policies = tuple(LruPolicy() for _ in self._tiers)
@@ -90,8 +90,11 @@ class Scheduler:
 
     # -- events ------------------------------------------------------------------------------
     def admitted(self, tier: int, key: bytes, now: float, parents: Sequence[bytes] = ()) -> None:
-        if self.scored and self.book.enter(key, tier, now):
-            self._rerank(self.lineage.enter(key, parents[0] if parents else None))
+        if self.scored and (score := self.book.enter(key, tier, now)) is not None:
+            adopted, score.depth, score.orphan = self.lineage.enter(
+                key, parents[0] if parents else None)
+            if adopted:
+                self._rerank(adopted, orphan=False)
         self.policies[tier].insert(key, now)
 
     def accessed(self, tier: int, key: bytes, now: float) -> None:
@@ -104,7 +107,7 @@ class Scheduler:
         held, index = score.tiers, 0
         while held:
             if held & 1:
-                self.policies[index].touch(key, now)
+                self._scored[index].touch_scored(key, score, now)
             held >>= 1
             index += 1
 
@@ -116,14 +119,16 @@ class Scheduler:
     def removed(self, tier: int, key: bytes) -> None:
         self.policies[tier].remove(key)
         if self.scored and self.book.leave(key, tier):
-            self._rerank(self.lineage.leave(key))
+            self._rerank(self.lineage.leave(key), orphan=True)
 
-    def _rerank(self, keys: Sequence[bytes]) -> None:
-        """Keys whose parent came or went: their standing in every tier holding them moved."""
+    def _rerank(self, keys: Sequence[bytes], *, orphan: bool) -> None:
+        """Keys whose parent came (`orphan` False) or went: their standing in every tier holding
+        them moved."""
         for key in keys:
             score = self.book.get(key)
             if score is None:
                 continue
+            score.orphan = orphan
             held, index = score.tiers, 0
             while held:
                 if held & 1:

@@ -33,6 +33,10 @@ class Score:
     tiers: int = 0
     #: smoothed seconds between accesses (0: none seen yet), for the access frequency
     interval: float = 0.0
+    #: place in its prefix chain, kept here by the scheduler from `Lineage` so that ranking a
+    #: key touches one object: blocks before it, and whether its parent is in no tier
+    depth: int = 0
+    orphan: bool = False
 
 
 class ScoreBook:
@@ -54,17 +58,17 @@ class ScoreBook:
     def get(self, key: bytes) -> Score | None:
         return self._scores.get(key)
 
-    def enter(self, key: bytes, tier: int, now: float) -> bool:
-        """A copy of `key` entered `tier`; True when it is the key's first copy (a new object,
-        whose insertion counts as its first access)."""
+    def enter(self, key: bytes, tier: int, now: float) -> Score | None:
+        """A copy of `key` entered `tier`; its new score when it is the key's first copy (a new
+        object, whose insertion counts as its first access), else ``None``."""
         score = self._scores.get(key)
         if score is None:
             past = self._ghosts.pop(key, None)
             count = 1.0 if past is None else self.alpha * past + 1.0
-            self._scores[key] = Score(count, now, 1 << tier)
-            return True
+            score = self._scores[key] = Score(count, now, 1 << tier)
+            return score
         score.tiers |= 1 << tier
-        return False
+        return None
 
     def leave(self, key: bytes, tier: int) -> bool:
         """The copy of `key` in `tier` left; True when it was the last (the key leaves too)."""
