@@ -41,7 +41,8 @@ class EngineState:
             tier if isinstance(tier, ZeroCopyPinning) else None for tier in tiers)
         self.scheduler = Scheduler(
             tiers, config.scheduler, [tier.capacity for tier in tiers],
-            keep_lower_copies=config.engine.write_policy is WritePolicy.WRITE_THROUGH)
+            keep_lower_copies=config.engine.write_policy is WritePolicy.WRITE_THROUGH,
+            ttls=[tier.ttl for tier in config.tiers])
         self.index = Index([tier.persistent for tier in tiers], self.scheduler)
         self.counters = EngineCounters()
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

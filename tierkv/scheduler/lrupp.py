@@ -23,8 +23,10 @@ _Item = tuple[int, float, int, int, bytes]
 
 
 class ScoredPolicy:
-    def __init__(self, book: ScoreBook) -> None:
+    def __init__(self, book: ScoreBook, *, track_idle: bool = True) -> None:
         self._book = book
+        #: keep the recency order `idle` needs (only tiers with a TTL ask for it)
+        self._track_idle = track_idle
         self._heap: list[_Item] = []
         self._current: dict[bytes, int] = {}  # key -> sequence of its live heap item
         self._recent: OrderedDict[bytes, float] = OrderedDict()
@@ -37,25 +39,42 @@ class ScoredPolicy:
         return key in self._current
 
     def insert(self, key: bytes, now: float) -> None:
-        self._recent[key] = now
-        self._recent.move_to_end(key)
+        if self._track_idle:
+            self._recent[key] = now
+            self._recent.move_to_end(key)
         self._push(key)
 
     def touch(self, key: bytes, now: float) -> None:
         if key in self._current:
+            if self._track_idle:
+                self._recent[key] = now
+                self._recent.move_to_end(key)
+            self._push(key)
+
+    def insert_scored(self, key: bytes, score: Score, now: float) -> None:
+        """`insert` of a key whose score the caller holds."""
+        if self._track_idle:
             self._recent[key] = now
             self._recent.move_to_end(key)
-            self._push(key)
+        self._sequence += 1
+        sequence = self._sequence
+        self._current[key] = sequence
+        heapq.heappush(self._heap, (0 if score.orphan else 1, self._book.rank(score),
+                                    -score.depth, sequence, key))
+        if len(self._heap) > 2 * len(self._current) + 1024:
+            self._compact()
 
     def touch_scored(self, key: bytes, score: Score, now: float) -> None:
         """`touch` of a key whose score the caller holds (one lookup fewer on the hot path)."""
-        recent = self._recent
-        if key in recent:
-            recent[key] = now
-            recent.move_to_end(key)
+        current = self._current
+        if key in current:
+            if self._track_idle:
+                recent = self._recent
+                recent[key] = now
+                recent.move_to_end(key)
             self._sequence += 1
             sequence = self._sequence
-            self._current[key] = sequence
+            current[key] = sequence
             heapq.heappush(self._heap, (0 if score.orphan else 1, self._book.rank(score),
                                         -score.depth, sequence, key))
             if len(self._heap) > 2 * len(self._current) + 1024:
@@ -67,7 +86,7 @@ class ScoredPolicy:
             self._push(key)
 
     def remove(self, key: bytes) -> None:
-        if self._current.pop(key, None) is not None:
+        if self._current.pop(key, None) is not None and self._track_idle:
             self._recent.pop(key, None)
 
     def standing(self, key: bytes) -> tuple[int, float, int]:

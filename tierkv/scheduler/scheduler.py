@@ -59,8 +59,8 @@ Lookup = Callable[[bytes], Copies | None]
 
 class Scheduler:
     def __init__(self, tiers: Sequence[TierShape], config: SchedulerConfig,
-                 capacities: Sequence[int] | None = None, *, keep_lower_copies: bool = False
-                 ) -> None:
+                 capacities: Sequence[int] | None = None, *, keep_lower_copies: bool = False,
+                 ttls: Sequence[float | None] | None = None) -> None:
         self._tiers = tuple(tiers)
         self._config = config
         #: promotions move objects up (write-through engines keep every durable copy)
@@ -71,7 +71,10 @@ class Scheduler:
         self.policies: tuple[TierPolicy, ...]
         self._scored: tuple[ScoredPolicy, ...] = ()
         if self.scored:
-            self._scored = tuple(ScoredPolicy(self.book) for _ in self._tiers)
+            # the recency order is kept only where a TTL asks for idle keys (`ttls` unknown: all)
+            timed = ttls if ttls is not None else [0.0] * len(self._tiers)
+            self._scored = tuple(ScoredPolicy(self.book, track_idle=ttl is not None)
+                                 for ttl in timed)
             self.policies = self._scored
         else:
             self.policies = tuple(LruPolicy() for _ in self._tiers)
@@ -90,12 +93,16 @@ class Scheduler:
 
     # -- events ------------------------------------------------------------------------------
     def admitted(self, tier: int, key: bytes, now: float, parents: Sequence[bytes] = ()) -> None:
-        if self.scored and (score := self.book.enter(key, tier, now)) is not None:
+        if not self.scored:
+            self.policies[tier].insert(key, now)
+            return
+        score, new = self.book.enter(key, tier, now)
+        if new:
             adopted, score.depth, score.orphan = self.lineage.enter(
                 key, parents[0] if parents else None)
             if adopted:
                 self._rerank(adopted, orphan=False)
-        self.policies[tier].insert(key, now)
+        self._scored[tier].insert_scored(key, score, now)
 
     def accessed(self, tier: int, key: bytes, now: float) -> None:
         if not self.scored:
@@ -204,7 +211,7 @@ class Scheduler:
         return Demote(key, generation, nbytes, tier, target)
 
     def _admits(self, tier: int, key: bytes) -> bool:
-        if self.scored and self.lineage.orphaned(key):
+        if self.scored and (score := self.book.get(key)) is not None and score.orphan:
             return False  # no prefix lookup can reach it: not worth a write
         admission = self.admission.get(tier)
         return admission is None or admission.admit(key)

@@ -58,17 +58,17 @@ class ScoreBook:
     def get(self, key: bytes) -> Score | None:
         return self._scores.get(key)
 
-    def enter(self, key: bytes, tier: int, now: float) -> Score | None:
-        """A copy of `key` entered `tier`; its new score when it is the key's first copy (a new
-        object, whose insertion counts as its first access), else ``None``."""
+    def enter(self, key: bytes, tier: int, now: float) -> tuple[Score, bool]:
+        """A copy of `key` entered `tier`: its score, and whether this is the key's first copy
+        (a new object, whose insertion counts as its first access)."""
         score = self._scores.get(key)
         if score is None:
-            past = self._ghosts.pop(key, None)
+            past = self._ghosts.pop(key, None) if self._ghosts else None
             count = 1.0 if past is None else self.alpha * past + 1.0
             score = self._scores[key] = Score(count, now, 1 << tier)
-            return score
+            return score, True
         score.tiers |= 1 << tier
-        return None
+        return score, False
 
     def leave(self, key: bytes, tier: int) -> bool:
         """The copy of `key` in `tier` left; True when it was the last (the key leaves too)."""
