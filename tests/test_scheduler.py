@@ -67,6 +67,9 @@ class Shape:
     def can_ever_hold(self, nbytes: int) -> bool:
         return nbytes <= self.limit
 
+    def footprint(self, nbytes: int) -> int:
+        return nbytes
+
     def fits(self, nbytes: int) -> bool:
         return self.used + nbytes <= self.limit
 

@@ -29,6 +29,9 @@ class _Shape:
     def can_ever_hold(self, nbytes: int) -> bool:
         return True
 
+    def footprint(self, nbytes: int) -> int:
+        return nbytes
+
     def fits(self, nbytes: int) -> bool:
         return False
 

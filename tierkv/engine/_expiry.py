@@ -22,12 +22,9 @@ log = logging.getLogger("tierkv.engine")
 
 
 def _free_room(state: EngineState) -> Callable[[int], int]:
-    """Free bytes of a tier now: its capacity less what it holds (for the nvme log, less its
-    live entries: beyond them it would reclaim a region, dropping what that held)."""
-    def room(tier: int) -> int:
-        device = state.tiers[tier]
-        return max(device.capacity - device.used, 0)
-    return room
+    """Footprint bytes a tier can take now without dropping or evicting anything
+    (`Tier.room`: for the nvme log, its head's rest and its empty regions only)."""
+    return lambda tier: state.tiers[tier].room()
 
 
 async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evictor,

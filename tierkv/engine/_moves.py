@@ -88,8 +88,11 @@ class Moves:
         st = self._st
         if plan.target in entry.locations or plan.source not in entry.locations:
             return False
-        if not st.tiers[plan.target].fits(plan.nbytes):
-            st.spaces[plan.target].cue.set()  # best effort: room first, a later hit promotes
+        space = st.spaces[plan.target]
+        if space.wanted or not st.tiers[plan.target].fits(plan.nbytes):
+            # best effort: room first (and for the puts waiting for it: a promotion must not
+            # take the room the evictor frees for them), a later hit promotes
+            space.cue.set()
             return False
         got = await self._copies.read(entry, plan.source)
         if got is None:

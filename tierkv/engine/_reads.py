@@ -94,6 +94,9 @@ class Reads:
                 continue
             plan = st.scheduler.warm(entry)
             if plan is not None:
+                # a prefetch is a read foretold: ranked as one, so the warmed object is not the
+                # first tier's next victim the moment it arrives
+                st.scheduler.accessed(plan.source, key, st.now())
                 entry.moving = True
                 st.counters.prefetches += 1
                 self._executor.submit(plan, background=True)

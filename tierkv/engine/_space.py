@@ -43,6 +43,8 @@ class TierSpace:
         #: set to wake the evictor (a store left the tier short, a write waits, a departure ended)
         self.cue = asyncio.Event()
         self._waiters: list[_Waiter] = []
+        #: writers woken to try again that have not run yet: the room freed is theirs
+        self._woken = 0
         self._closed = False
         self._marks: tuple[int, Watermarks | None] = (-1, None)  # (capacity, its watermarks)
 
@@ -65,6 +67,12 @@ class TierSpace:
     @property
     def waiting(self) -> bool:
         return bool(self._waiters)
+
+    @property
+    def wanted(self) -> bool:
+        """Whether writers wait for room, or were just woken to take it: background moves
+        (promotions) must leave the room alone then."""
+        return bool(self._waiters) or self._woken > 0
 
     def to_free(self) -> int:
         """Bytes the evictor should still set moving (see `Watermarks.to_free`)."""
@@ -92,6 +100,7 @@ class TierSpace:
                 if woke and waiter.footprint > room:
                     break
                 waiter.woken.set_result(True)
+                self._woken += 1
                 woke = True
                 room -= waiter.footprint
             self._waiters.pop(0)
@@ -104,6 +113,7 @@ class TierSpace:
         for waiter in self._waiters:
             if not waiter.woken.done() and self.tier.fits(waiter.nbytes):
                 waiter.woken.set_result(True)
+                self._woken += 1
                 woke = True
         self._waiters = [w for w in self._waiters if not w.woken.done()]
         return woke
@@ -114,7 +124,9 @@ class TierSpace:
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.woken.done():
-                waiter.woken.set_result(self.tier.fits(waiter.nbytes))
+                fits = self.tier.fits(waiter.nbytes)
+                waiter.woken.set_result(fits)
+                self._woken += fits
 
     def close(self) -> None:
         """The engine is closing: waiting writers fail with `EngineClosedError`."""
@@ -143,8 +155,11 @@ class TierSpace:
         timer = loop.call_at(deadline, _expire, waiter.woken)
         try:
             woken = await waiter.woken
+            if woken:
+                self._woken -= 1
         except asyncio.CancelledError:
             if waiter.woken.done() and not waiter.woken.cancelled() and waiter.woken.result():
+                self._woken -= 1
                 self.freed()  # woken as it was cancelled: pass the room on to the next writer
             raise
         finally:

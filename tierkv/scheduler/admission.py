@@ -4,9 +4,11 @@ Every lookup of a key (hit or miss) is counted in a count-min sketch (4 rows of 
 counters, halved every `sample` counts so that old popularity fades, as in TinyLFU). An object
 demoted into the tier is admitted when its estimated frequency reaches `threshold`; at threshold
 0 everything is admitted (`pass_all`). A fixed one-hit filter helps at small capacities and hurts
-at large ones, so the threshold climbs: after each epoch of lookups the hit ratio of the epoch is
-compared with the one before; if it got worse the climb turns round, and the threshold takes one
-step in the current direction, within ``0..max_threshold``. Pure: no IO, no clock.
+at large ones, so the threshold climbs, starting from 0: after each epoch of lookups it takes one
+step (up first) and the next epoch's hit ratio judges it. A step that helped is kept and the climb
+goes on; a step that hurt is undone, and the climber rests for a number of epochs that doubles
+with each failed try (up to 64), so a workload where filtering never pays spends ever fewer
+epochs trying it. Pure: no IO, no clock.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ class AdaptiveAdmission:
         width = max(capacity_objects, 1024)
         self.sketch = FrequencySketch(width, sample=10 * width)
         self.adaptive = adaptive
-        self.threshold = 1 if adaptive else 0
+        self.threshold = 0
         self.max_threshold = max_threshold
         self._epoch = epoch if epoch is not None else max(4 * capacity_objects, 2048)
         self._direction = 1
+        self._step = 0  # the step the current epoch judges (0: none)
+        self._rest = 0
+        self._backoff = 1
         self._lookups = 0
         self._hits = 0
         self._previous: float | None = None
@@ -85,7 +90,24 @@ class AdaptiveAdmission:
         return ok
 
     def _climb(self, ratio: float) -> None:
-        if self._previous is not None and ratio < self._previous:
+        if self._step and self._previous is not None and ratio < self._previous:
+            self.threshold -= self._step  # it hurt: undo, and wait longer before the next try
+            self._direction = -self._step
+            self._step = 0
+            self._rest = self._backoff
+            self._backoff = min(2 * self._backoff, 64)
+            self._previous = None
+            return
+        if self._step:
+            self._backoff = 1  # it helped: keep climbing that way
+        if self._rest:
+            self._rest -= 1
+            self._previous = ratio
+            return
+        target = min(max(self.threshold + self._direction, 0), self.max_threshold)
+        if target == self.threshold:  # at a bound: the other way
             self._direction = -self._direction
+            target = min(max(self.threshold + self._direction, 0), self.max_threshold)
+        self._step = target - self.threshold
+        self.threshold = target
         self._previous = ratio
-        self.threshold = min(max(self.threshold + self._direction, 0), self.max_threshold)

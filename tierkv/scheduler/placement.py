@@ -16,6 +16,9 @@ class SizedTier(Protocol):
     def fits(self, nbytes: int) -> bool:
         """Whether the tier has room for `nbytes` now (a read of its counters, no IO)."""
 
+    def footprint(self, nbytes: int) -> int:
+        """Bytes an object of `nbytes` payload bytes occupies there."""
+
 
 class TierShape(SizedTier, Protocol):
     """What policy knows of a tier: its geometry and two facts of its mechanism."""

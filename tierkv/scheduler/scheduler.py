@@ -180,11 +180,11 @@ class Scheduler:
                 lookup: Lookup, room: Callable[[int], int] | None = None) -> list[Departure]:
         """Plans moving what was idle in `tier` since before `cutoff` (its TTL) out of it.
 
-        `room(t)`: free bytes in tier t now. Given it, an idle object is only moved down into
-        room that is free: a TTL frees the upper tier ahead of demand and makes objects durable
-        sooner, but never pushes another object out of the cache (an expiry that demoted into a
-        full tier dropped the lower tier's victims and left the upper tier empty, so the
-        hierarchy held a fifth less than its capacity)."""
+        `room(t)`: footprint bytes tier t can take now without evicting anything. Given it,
+        an idle object is only moved down into room that is free: a TTL frees the upper tier
+        ahead of demand and makes objects durable sooner, but never pushes another object out
+        of the cache (an expiry that demoted into a full tier dropped the lower tier's victims
+        and left the upper tier empty, so the hierarchy held a fifth less than its capacity)."""
         plans: list[Departure] = []
         free = {} if room is None else {t: room(t) for t in range(tier + 1, len(self._tiers))}
         for key in self.policies[tier].idle(cutoff):
@@ -193,9 +193,10 @@ class Scheduler:
                 continue
             plan = self._depart(tier, copies)
             if room is not None and isinstance(plan, Demote):
-                if free[plan.target] < copies.nbytes:
+                needs = self._tiers[plan.target].footprint(copies.nbytes)
+                if free[plan.target] < needs:
                     continue  # nowhere to go without evicting another object: stay
-                free[plan.target] -= copies.nbytes
+                free[plan.target] -= needs
             plans.append(plan)
         return plans
 

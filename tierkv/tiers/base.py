@@ -151,6 +151,11 @@ class Tier(ABC):
         """Whether an object of `nbytes` fits into this tier when it is empty."""
         return self.footprint(nbytes) <= self.capacity
 
+    def room(self) -> int:
+        """Footprint bytes puts may take now without the tier dropping or evicting anything
+        (a tier that reclaims space itself counts only space that holds nothing)."""
+        return max(self.capacity - self.used, 0)
+
     # -- data path -------------------------------------------------------------------------------
     @abstractmethod
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:

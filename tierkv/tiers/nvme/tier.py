@@ -156,6 +156,17 @@ class NvmeTier(Tier):
     def used(self) -> int:
         return self._st.live
 
+    def room(self) -> int:
+        """What appends may take before the log must reclaim a region (dropping what that held):
+        the rest of the head and the regions that hold nothing. Dead entries in sealed regions
+        are not room: their space comes back only with their region."""
+        st = self._st
+        in_use = sum(1 for region in st.regions if region.state is not RegionState.FREE)
+        usable = self.config.region_size - st.align  # a region's header takes one block
+        head = st.head
+        rest = self.config.region_size - head.used if head is not None else 0
+        return max(st.regions.count - in_use, 0) * usable + max(rest, 0)
+
     def footprint(self, nbytes: int) -> int:
         return entry_size(HEADER_ALLOWANCE, nbytes, self._st.grain)
 
