@@ -3,6 +3,7 @@ and puts with a `latency_slo` placed by it through the engine, on configured pro
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,27 @@ async def test_profiles_are_probed_when_not_configured(tmp_path: Path) -> None:
         assert await kv.locate(b"relaxed") == "nvme"
         # and nothing of the probe is left behind
         assert kv.stats()["engine"]["objects"] == 1
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("latency", "fast", "tiers[0].latency: 'fast' is not a duration"),
+    ("latency", -1, "tiers[0].latency: must be positive"),
+    ("bandwidth", "lots", "tiers[0].bandwidth: 'lots' is not a size"),
+    ("bandwidth", 0, "tiers[0].bandwidth: must be positive"),
+])
+def test_bad_profiles_name_the_key(tmp_path: Path, key: str, value: object,
+                                   message: str) -> None:
+    config = _config(tmp_path)
+    config["tiers"][0][key] = value  # type: ignore[index]
+    with pytest.raises(tierkv.ConfigError, match=re.escape(message)):
+        tierkv.load_config(config)
+
+
+def test_scheduler_keys_are_checked(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    config["scheduler"] = {"policy": "lfu"}
+    with pytest.raises(tierkv.ConfigError, match=re.escape("scheduler.policy: 'lfu' is not one")):
+        tierkv.load_config(config)
+    config["scheduler"] = {"alpha": 1.5}
+    with pytest.raises(tierkv.ConfigError, match=re.escape("scheduler.alpha: 1.5 is outside")):
+        tierkv.load_config(config)
