@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests._shapes import Shape
 from tierkv.config import SchedulerConfig
 from tierkv.scheduler import (
     Demote,
@@ -55,23 +56,6 @@ def test_idle_lists_keys_older_than_the_cutoff_oldest_first() -> None:
     assert lru.idle(6.0) == [b"old", b"mid"]
     lru.touch(b"old", 10.0)
     assert lru.idle(6.0) == [b"mid"]
-
-
-@dataclass
-class Shape:
-    limit: int
-    persistent: bool = False
-    reclaims_space: bool = False
-    used: int = 0
-
-    def can_ever_hold(self, nbytes: int) -> bool:
-        return nbytes <= self.limit
-
-    def footprint(self, nbytes: int) -> int:
-        return nbytes
-
-    def fits(self, nbytes: int) -> bool:
-        return self.used + nbytes <= self.limit
 
 
 def test_placement_walks_down_to_a_tier_that_can_hold_the_object() -> None:

@@ -13,29 +13,11 @@ from typing import Any
 
 import pytest
 
+from tests._shapes import Shape
 from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
 from tierkv.scheduler import Demote, Departure, Drop, Evict, Promote, Scheduler
 from tierkv.scheduler.admission import AdaptiveAdmission, FrequencySketch
 from tierkv.scheduler.scores import MIN_GHOSTS
-
-
-@dataclass
-class Shape:
-    """A tier as policy sees it: a size limit and a fill level the test sets."""
-
-    limit: int
-    persistent: bool = False
-    reclaims_space: bool = False
-    used: int = 0
-
-    def can_ever_hold(self, nbytes: int) -> bool:
-        return nbytes <= self.limit
-
-    def footprint(self, nbytes: int) -> int:
-        return nbytes
-
-    def fits(self, nbytes: int) -> bool:
-        return self.used + nbytes <= self.limit
 
 
 @dataclass
