@@ -5,6 +5,7 @@ from tierkv.engine import Engine, PinHandle, open
 from tierkv.errors import (
     ConfigError,
     CorruptObjectError,
+    DependencyCycleError,
     DeviceError,
     EngineClosedError,
     ObjectNotFound,
@@ -18,6 +19,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "CorruptObjectError",
+    "DependencyCycleError",
     "DeviceError",
     "Engine",
     "EngineClosedError",

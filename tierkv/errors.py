@@ -36,3 +36,26 @@ class ObjectNotFound(TierKVError, KeyError):
 
 class EngineClosedError(TierKVError, RuntimeError):
     """The engine (or a tier) was used after `close()`."""
+
+
+def _show(key: bytes) -> str:
+    """A short, printable form of a key for messages: the repr of its first 16 bytes."""
+    head = repr(bytes(key[:16]))
+    return head if len(key) <= 16 else f"{head}…({len(key)} bytes)"
+
+
+class DependencyCycleError(TierKVError, ValueError):
+    """An edge ``parent -> child`` was refused: `parent` is `child`, or derives from it already.
+
+    `parent` and `child` are the keys of the refused edge.
+    """
+
+    def __init__(self, parent: bytes, child: bytes) -> None:
+        if parent == child:
+            message = f"a key cannot derive from itself: {_show(child)}"
+        else:
+            message = (f"edge {_show(parent)} -> {_show(child)} would close a cycle: "
+                       f"{_show(parent)} already derives from {_show(child)}")
+        super().__init__(message)
+        self.parent = parent
+        self.child = child

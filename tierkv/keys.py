@@ -12,7 +12,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tierkv.errors import CorruptObjectError
 
@@ -40,6 +40,10 @@ class BlockKey:
     digest: bytes
     context_length: int
     rope_theta: float
+    #: the model version ("name@revision") the block was computed with, as `block_keys` was
+    #: told; not part of the key's identity (the digest already covers it), but a put hangs the
+    #: block under that version, so `invalidate_model` finds it
+    model: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.digest, bytes) or len(self.digest) != DIGEST_SIZE:
@@ -102,7 +106,7 @@ def block_keys(
             raise _bad_token(block, end - block_size) from None
         hasher.update(packed)
         parent = hasher.digest()[:DIGEST_SIZE]
-        keys.append(BlockKey(parent, end, float(rope_theta)))
+        keys.append(BlockKey(parent, end, float(rope_theta), model))
     return keys
 
 
@@ -167,3 +171,17 @@ def decode_key(raw: bytes) -> Key:
         except (TypeError, ValueError) as exc:
             raise CorruptObjectError(f"bad block key: {exc}") from exc
     raise CorruptObjectError(f"unknown key encoding (tag {tag:#x}, {len(raw)} bytes)")
+
+
+#: the tag of model-version nodes in the dependency DAG (no public key encodes to it)
+_TAG_VERSION = 0xFE
+
+
+def version_key(model: str) -> bytes:
+    """The DAG node every block computed with `model` ("name@revision") hangs under."""
+    return bytes((_TAG_VERSION,)) + _utf8(model, "model")
+
+
+def is_version_key(raw: bytes) -> bool:
+    """Whether canonical key bytes name a model-version node (`version_key`)."""
+    return bool(raw) and raw[0] == _TAG_VERSION

@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tierkv.engine.dag import Dag
 from tierkv.formats.value import ObjectMeta
+from tierkv.keys import is_version_key
 from tierkv.scheduler import Scheduler
 
 
@@ -45,12 +47,14 @@ class IndexEntry:
 class Index:
     """Keys → entries, with the policies and the unflushed set kept in step (see the module)."""
 
-    def __init__(self, persistent: Sequence[bool], scheduler: Scheduler) -> None:
+    def __init__(self, persistent: Sequence[bool], scheduler: Scheduler, dag: Dag) -> None:
         self._entries: dict[bytes, IndexEntry] = {}
         #: published entries no persistent tier holds a copy of: what `flush` must write down
         self._volatile: dict[bytes, IndexEntry] = {}
         self._persistent = tuple(persistent)
         self._scheduler = scheduler
+        #: the dependency DAG: an object that leaves the cache drops its edges from its parents
+        self._dag = dag
         self._generation = 0
 
     def __len__(self) -> int:
@@ -80,10 +84,13 @@ class Index:
         """Recovery found `generation` on media: later puts number above it."""
         self._generation = max(self._generation, generation)
 
-    def detach(self, key: bytes) -> IndexEntry | None:
+    def detach(self, key: bytes, *, replaced: bool = False) -> IndexEntry | None:
         """Remove `key`'s entry from the index; its copies (`locations`) are now the caller's
-        to delete. Returns the entry, or ``None``."""
+        to delete. Returns the entry, or ``None``. Unless a new value `replaced` it, the key's
+        edges from its parents go too (its edges to its children stay while they are held)."""
         entry = self._entries.pop(key, None)
+        if not replaced:
+            self._dag.unlink_parents(key)
         if entry is None:
             return None
         entry.detached = True
@@ -101,7 +108,11 @@ class Index:
         if tier not in entry.locations:
             entry.locations.append(tier)
             entry.locations.sort()
-        self._scheduler.admitted(tier, entry.key, now, entry.meta.parents)
+        # the scheduler's chains follow prefix parents, not model-version nodes
+        parents = entry.meta.parents
+        if parents and is_version_key(parents[0]):
+            parents = ()
+        self._scheduler.admitted(tier, entry.key, now, parents)
         if not entry.published:
             entry.published = True
             previous = self._entries.get(entry.key)

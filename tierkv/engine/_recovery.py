@@ -9,7 +9,8 @@ above the largest one recovered. If a tier fails to open, those already open are
 from __future__ import annotations
 
 from tierkv.engine._index import IndexEntry
-from tierkv.engine._state import EngineState
+from tierkv.engine._state import EngineState, log
+from tierkv.engine.dag import DependencyCycleError
 from tierkv.tiers.base import RecoveredObject, Tier
 
 
@@ -35,7 +36,7 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
             await tier.delete(obj.key)
             continue
         if entry is not None and entry.generation < obj.meta.generation:
-            index.detach(obj.key)
+            index.detach(obj.key, replaced=True)
             for older in entry.locations:
                 await state.tiers[older].delete(obj.key)
             entry = None
@@ -43,3 +44,8 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
             entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media
         index.add_copy(entry, tier_index, now)
         index.adopt_generation(obj.meta.generation)
+        try:  # the DAG comes back with the objects: each header names its parents
+            state.dag.set_parents(obj.key, obj.meta.parents)
+        except DependencyCycleError as exc:
+            state.counters.dag_edges_refused += 1
+            log.warning("recovery: %s; the edges of that object are not restored", exc)

@@ -19,6 +19,7 @@ from tierkv.engine._commit import GroupCommit
 from tierkv.engine._index import Index
 from tierkv.engine._keys import KeyGate, Scrub
 from tierkv.engine._space import TierSpace
+from tierkv.engine.dag import Dag
 from tierkv.engine.stats import EngineCounters
 from tierkv.errors import EngineClosedError
 from tierkv.scheduler import Scheduler
@@ -43,7 +44,8 @@ class EngineState:
             tiers, config.scheduler, [tier.capacity for tier in tiers],
             keep_lower_copies=config.engine.write_policy is WritePolicy.WRITE_THROUGH,
             ttls=[tier.ttl for tier in config.tiers])
-        self.index = Index([tier.persistent for tier in tiers], self.scheduler)
+        self.dag = Dag()
+        self.index = Index([tier.persistent for tier in tiers], self.scheduler, self.dag)
         self.counters = EngineCounters()
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)
         self.background_budget = ByteBudget(config.scheduler.background_bandwidth)

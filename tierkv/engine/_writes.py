@@ -29,11 +29,15 @@ class Writes:
         self._write_through = state.config.engine.write_policy is WritePolicy.WRITE_THROUGH
 
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload,
-                  latency_slo: float | None = None) -> None:
+                  latency_slo: float | None = None) -> bool:
+        """Store a new value of `key`; whether it replaced one (its descendants are then the
+        caller's to invalidate). `DependencyCycleError` before anything changes if a parent
+        derives from `key`."""
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
-            old = st.index.detach(key)
+            st.dag.set_parents(key, meta.parents)
+            old = st.index.detach(key, replaced=True)
             if old is not None:
                 await self._copies.discard(old, claim)
             entry = st.index.new_entry(key, meta)
@@ -47,6 +51,7 @@ class Writes:
                 except BaseException:
                     self._abandon(entry, claim)
                     raise
+        return old is not None
 
     def _abandon(self, entry: IndexEntry, claim: Claim) -> None:
         """A write-through put that could not make its value durable leaves no value: the copies

@@ -33,35 +33,14 @@ import tracemalloc
 from collections.abc import Collection, Iterable, Iterator
 from typing import TypeAlias
 
-from tierkv.errors import TierKVError
+from tierkv.errors import DependencyCycleError
+
+__all__ = ["Dag", "DependencyCycleError", "measure_edge_bytes"]
 
 __all__ = ["Dag", "DependencyCycleError", "measure_edge_bytes"]
 
 #: key -> its one neighbour (the common case, no container at all) or a set of two or more
 _Adjacency: TypeAlias = dict[bytes, "bytes | set[bytes]"]
-
-
-def _show(key: bytes) -> str:
-    """A short, printable form of a key for messages: the repr of its first 16 bytes."""
-    head = repr(bytes(key[:16]))
-    return head if len(key) <= 16 else f"{head}…({len(key)} bytes)"
-
-
-class DependencyCycleError(TierKVError):
-    """An edge ``parent -> child`` was refused: `parent` is `child`, or derives from it already.
-
-    `parent` and `child` are the keys of the refused edge.
-    """
-
-    def __init__(self, parent: bytes, child: bytes) -> None:
-        if parent == child:
-            message = f"a key cannot derive from itself: {_show(child)}"
-        else:
-            message = (f"edge {_show(parent)} -> {_show(child)} would close a cycle: "
-                       f"{_show(parent)} already derives from {_show(child)}")
-        super().__init__(message)
-        self.parent = parent
-        self.child = child
 
 
 # -- compact adjacency: a bare key for one neighbour, a set for two or more ------------------------
@@ -216,6 +195,16 @@ class Dag:
         for parent in new:
             self._attach(parent, child)
 
+    def set_parents(self, key: bytes, parents: Iterable[bytes]) -> None:
+        """Make `parents` exactly the parents of `key` (a new value of it derives from them):
+        the new edges are checked first (`DependencyCycleError`, nothing changed), then the
+        edges from parents no longer named are dropped."""
+        wanted = set(parents)
+        self.link_all(wanted, key)
+        for parent in tuple(_neighbours(self._parents, key)):
+            if parent not in wanted:
+                self._detach(parent, key)
+
     def cut(self, key: bytes) -> None:
         """Forget `key` as a node: drop its edges to its parents and to its children.
 
@@ -226,6 +215,14 @@ class Dag:
             self._detach(parent, key)
         for child in tuple(_neighbours(self._children, key)):
             self._detach(key, child)
+
+    def unlink_parents(self, key: bytes) -> None:
+        """Drop the edges into `key` only: its object left the cache, so nothing above it has to
+        reach it any more, while the edges to its children stay for as long as they are held
+        (a later write of `key` must still invalidate what was derived from its old value).
+        A key left without edges is forgotten. Costs the key's number of parents."""
+        for parent in tuple(_neighbours(self._parents, key)):
+            self._detach(parent, key)
 
     def remove_subtree(self, key: bytes) -> list[bytes]:
         """Cut `key` and everything derived from it; return those keys, `key` first.

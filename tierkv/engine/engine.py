@@ -37,6 +37,7 @@ from tierkv.engine._evictor import Evictor
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._expiry import expire_idle
 from tierkv.engine._flush import Flusher
+from tierkv.engine._invalidate import Invalidations
 from tierkv.engine._moves import Moves
 from tierkv.engine._pins import PinContext, Pins
 from tierkv.engine._profiles import measure_profiles
@@ -46,7 +47,7 @@ from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.value import Value, decode_value, encode_value
-from tierkv.keys import BlockKey, Key, encode_key
+from tierkv.keys import BlockKey, Key, encode_key, version_key
 from tierkv.tiers.base import Tier
 
 KeyT = TypeVar("KeyT", bound=Key)
@@ -67,6 +68,7 @@ class Engine:
         self._reads = Reads(st, copies, self._executor)
         self._writes = Writes(st, copies)
         self._flusher = Flusher(st, copies)
+        self._invalidations = Invalidations(st, self._writes)
         self._pins = Pins(st, copies)
         self._evictors = [Evictor(st, i, self._executor) for i in range(len(self.tiers))]
         self._evictors[0].protect_pins(self._pins.counts)
@@ -200,8 +202,14 @@ class Engine:
         """Store `value` under `key`, replacing (and invalidating) any earlier value.
 
         `parents` are the keys this value derives from (the first names the prefix block it
-        extends). `latency_slo` (seconds per read), if given, places the object in the slowest
-        tier whose measured profile reads it that fast at its access frequency
+        extends): a later write or `invalidate` of any of them removes this object too; a
+        parent that derives from `key` is refused with `DependencyCycleError`, before anything
+        changes. A `BlockKey` made by `block_keys(..., model=...)` is also hung under that model
+        version, for `invalidate_model`. Replacing a value removes everything derived from the
+        old one (durably, before the call returns).
+
+        `latency_slo` (seconds per read), if given, places the object in the slowest tier whose
+        measured profile reads it that fast at its access frequency
         (`tierkv.scheduler.select_tier`); without it, it enters the first tier that can hold it
         and its LRU++ score decides where it lives from then on. With ``write_back`` the call
         returns once the first tier that can hold the object holds it; with ``write_through`` once a
@@ -211,7 +219,10 @@ class Engine:
         cancelled) the key holds no value or the new one, and nothing else is lost.
         """
         raw = encode_key(key)
-        meta, payload = encode_value(value, parents=tuple(encode_key(p) for p in parents))
+        derived = [encode_key(p) for p in parents]
+        if isinstance(key, BlockKey) and key.model is not None:
+            derived.append(version_key(key.model))  # last: the first parent names the prefix
+        meta, payload = encode_value(value, parents=tuple(derived))
         if latency_slo is not None and not (latency_slo > 0 and math.isfinite(latency_slo)):
             raise ValueError("latency_slo must be a positive number of seconds")
         async with self._call():
@@ -219,7 +230,9 @@ class Engine:
                 async with self._profiling:
                     if self._st.scheduler.profiles is None:
                         self._st.scheduler.profiles = await measure_profiles(self._st)
-            await self._writes.put(raw, meta, payload, latency_slo)
+            replaced = await self._writes.put(raw, meta, payload, latency_slo)
+            if replaced:
+                await self._invalidations.descendants(raw)
         self._st.counters.puts += 1
 
     async def put_many(
@@ -245,10 +258,30 @@ class Engine:
             return await self._writes.delete(encode_key(key))
 
     async def invalidate(self, key: Key) -> int:
-        """Remove `key` from every tier; how many objects were removed (0 or 1 for now)."""
-        removed = int(await self.delete(key))
+        """Remove `key` and every object derived from it, transitively, from every tier;
+        returns how many objects were removed. Durable: once it returns, no restart brings any
+        of them back, and no `get` returns one of them. Costs what it removes, not the cache."""
+        async with self._call():
+            removed = await self._invalidations.invalidate(encode_key(key))
         self._st.counters.invalidations += removed
         return removed
+
+    async def invalidate_model(self, model: str) -> int:
+        """Remove every block computed with the weights `model` ("name@revision": the `model`
+        given to `block_keys`), and everything derived from them; returns how many objects."""
+        async with self._call():
+            removed = await self._invalidations.descendants(version_key(model))
+        self._st.counters.invalidations += removed
+        return removed
+
+    async def add_dependency(self, parent: Key, child: Key) -> None:
+        """Record that `child` derives from `parent` (both may be stored or not): a later write
+        or invalidation of `parent` removes `child`. `DependencyCycleError` if `parent`
+        derives from `child`. The edge lives in memory; after a restart the DAG holds the
+        edges named in the objects' headers (`put(parents=...)`), so a dependency meant to
+        survive restarts belongs in the child's put."""
+        self._check_open()
+        self._st.dag.link(encode_key(parent), encode_key(child))
 
     async def flush(self) -> None:
         """Barrier: every object put before the call is on persistent media when it returns."""

@@ -26,6 +26,10 @@ class EngineCounters:
     corrupt_reads: int = 0
     device_errors: int = 0
     invalidations: int = 0
+    #: objects removed because something they derive from was overwritten or invalidated
+    cascaded: int = 0
+    #: edges named by recovered headers that would have closed a cycle (damage): not restored
+    dag_edges_refused: int = 0
     #: background moves that failed (their source copy stays) or were discarded (the object
     #: changed or was busy when the move came to run)
     moves_failed: int = 0

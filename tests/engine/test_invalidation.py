@@ -1,0 +1,233 @@
+"""Cascading, durable invalidation through the public API: the DAG in the engine.
+
+A write or `invalidate` of a key removes it and everything derived from it, transitively, from
+every tier, and returns the count; a cycle is refused before anything changes; `put_many` of a
+`block_keys` chain links each block to the one before; `invalidate_model` drops a model
+version's blocks; what was invalidated never comes back, after a clean restart or a `kill -9`;
+a child put while its parent is being invalidated ends invalidated too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine._configs import hierarchy_config
+from tierkv import DependencyCycleError
+
+ALL = ("gpu", "pmem", "nvme")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(tmp: Path, kinds: tuple[str, ...] = ALL, policy: str = "write_back",
+           ) -> dict[str, Any]:
+    return hierarchy_config(tmp, kinds, write_policy=policy)
+
+
+def chain(prompt: int, blocks: int, model: str = "m@1") -> list[tierkv.BlockKey]:
+    tokens = [prompt * 1000 + i for i in range(blocks * 4)]
+    return tierkv.block_keys(tokens, block_size=4, model=model, rope_theta=1e4)
+
+
+async def test_invalidate_removes_the_key_and_its_descendants(tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", b"B", parents=[b"a"])
+        await kv.put(b"c", b"C", parents=[b"b"])
+        await kv.put(b"d", b"D", parents=[b"a", b"x"])  # a diamond-free second child
+        await kv.put(b"e", b"E")
+        assert await kv.invalidate(b"a") == 4
+        assert await kv.get_many([b"a", b"b", b"c", b"d"]) == [None] * 4
+        assert await kv.get(b"e") == b"E"
+        assert kv.stats()["engine"]["cascaded"] == 3
+        assert await kv.invalidate(b"a") == 0
+
+
+async def test_a_key_never_stored_still_cascades(tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"child", b"1", parents=[b"document"])
+        await kv.put(b"grandchild", b"2", parents=[b"child"])
+        assert await kv.invalidate(b"document") == 2
+        assert await kv.get(b"grandchild") is None
+
+
+async def test_an_overwrite_removes_what_derived_from_the_old_value(tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"doc", b"v1")
+        await kv.put(b"summary", b"of v1", parents=[b"doc"])
+        await kv.put(b"doc", b"v2")
+        assert await kv.get(b"doc") == b"v2"
+        assert await kv.get(b"summary") is None
+        # the new value's children cascade as well
+        await kv.put(b"summary", b"of v2", parents=[b"doc"])
+        await kv.put(b"doc", b"v3")
+        assert await kv.get(b"summary") is None
+
+
+async def test_a_cycle_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", b"B", parents=[b"a"])
+        with pytest.raises(DependencyCycleError):
+            await kv.put(b"a", b"A2", parents=[b"b"])
+        with pytest.raises(DependencyCycleError):
+            await kv.put(b"a", b"A2", parents=[b"a"])
+        with pytest.raises(DependencyCycleError):
+            await kv.add_dependency(b"b", b"a")
+        assert isinstance(DependencyCycleError(b"x", b"y"), tierkv.TierKVError)
+        assert await kv.get(b"a") == b"A" and await kv.get(b"b") == b"B"
+
+
+async def test_add_dependency_links_existing_keys(tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"x", b"X")
+        await kv.put(b"y", b"Y")
+        await kv.add_dependency(b"x", b"y")
+        assert await kv.invalidate(b"x") == 2
+        assert await kv.get(b"y") is None
+
+
+async def test_put_many_links_a_block_keys_chain(tmp_path: Path) -> None:
+    keys = chain(1, 5)
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put_many([(key, b"kv%d" % i) for i, key in enumerate(keys)])
+        assert await kv.invalidate(keys[2]) == 3
+        found = await kv.get_many(keys)
+        assert found[:2] == [b"kv0", b"kv1"] and found[2:] == [None] * 3
+
+
+async def test_invalidate_model_drops_that_version_only(tmp_path: Path) -> None:
+    old = chain(1, 4, "llama@1") + chain(2, 3, "llama@1")
+    new = chain(1, 4, "llama@2")
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put_many([(key, b"old") for key in old])
+        await kv.put_many([(key, b"new") for key in new])
+        assert await kv.invalidate_model("llama@1") == 7
+        assert await kv.get_many(old) == [None] * 7
+        assert await kv.get_many(new) == [b"new"] * 4
+        assert await kv.invalidate_model("llama@1") == 0
+
+
+async def test_invalidation_survives_a_clean_restart_and_the_dag_is_rebuilt(
+        tmp_path: Path) -> None:
+    keys = chain(3, 6)
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put_many([(key, b"kv%d" % i) for i, key in enumerate(keys)])
+        await kv.flush()
+        assert await kv.invalidate(keys[3]) == 3
+    async with tierkv.open(config(tmp_path)) as kv:
+        found = await kv.get_many(keys)
+        assert found[:3] == [b"kv0", b"kv1", b"kv2"] and found[3:] == [None] * 3
+        # the recovered objects' edges came back from their headers
+        await kv.put(keys[0], b"rewritten")
+        assert await kv.get_many(keys[1:3]) == [None, None]
+        assert await kv.get(keys[0]) == b"rewritten"
+
+
+async def test_a_child_put_during_its_parents_invalidation_ends_invalidated(
+        tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"root", b"R")
+        for i in range(200):
+            await kv.put(b"c%d" % i, b"x" * 1000, parents=[b"root"])
+        invalidation = asyncio.create_task(kv.invalidate(b"root"))
+        await asyncio.sleep(0)  # the invalidation is under way
+        assert not invalidation.done()
+        late = asyncio.create_task(kv.put(b"late-child", b"L", parents=[b"root"]))
+        removed = await invalidation
+        await late
+        assert removed == 202  # root, 200 children and the late one
+        assert await kv.get(b"late-child") is None
+        assert await kv.get_many([b"c%d" % i for i in range(200)]) == [None] * 200
+
+
+async def test_no_get_returns_an_invalidated_value_once_invalidate_returned(
+        tmp_path: Path) -> None:
+    async with tierkv.open(config(tmp_path)) as kv:
+        keys = chain(4, 30)
+        await kv.put_many([(key, b"v") for key in keys])
+        stop = asyncio.Event()
+        returned = asyncio.Event()
+        violations: list[int] = []
+
+        async def reader() -> None:
+            while not stop.is_set():
+                seen_returned = returned.is_set()
+                found = await kv.get_many(keys)
+                if seen_returned and any(value is not None for value in found):
+                    violations.append(1)
+                await asyncio.sleep(0)
+
+        readers = [asyncio.create_task(reader()) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        assert await kv.invalidate(keys[0]) == 30
+        returned.set()
+        await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.gather(*readers)
+        assert not violations
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import tierkv
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        kv = await tierkv.open(config)
+        keys = tierkv.block_keys(list(range(64)), block_size=4, model="m@1", rope_theta=1e4)
+        await kv.put_many([(key, b"block%d" % i * 100) for i, key in enumerate(keys)])
+        for i in range(40):
+            await kv.put(b"other%d" % i, b"o%d" % i * 1000)
+        await kv.flush()  # everything on media: what the invalidations remove must stay gone
+        print("PUT", flush=True)
+        print("INVALIDATED", await kv.invalidate(keys[5]), flush=True)
+        print("MODEL", await kv.invalidate_model("m@1"), flush=True)
+        time.sleep(300)  # killed here, never closed
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kinds", [ALL, ("gpu", "nvme"), ("nvme",)], ids="-".join)
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_invalidated_objects_stay_gone_after_kill_9(tmp_path: Path, policy: str,
+                                                    kinds: tuple[str, ...]) -> None:
+    """Every object is on media (flushed) when the writer invalidates a chain's tail and then
+    its model; under both policies an invalidation that returned is on media too (the log's
+    tombstones synced): after a SIGKILL the reopened engine serves none of the invalidated
+    blocks and every other object byte for byte."""
+    cfg = config(tmp_path, kinds, policy)
+    with subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, json.dumps(cfg)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as writer:
+        try:
+            assert writer.stdout is not None
+            lines = [writer.stdout.readline().split() for _ in range(3)]
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(30)
+    assert lines[0] == ["PUT"]
+    assert lines[1] == ["INVALIDATED", "11"]  # block 5 and the 10 after it
+    assert lines[2] == ["MODEL", "5"]  # the blocks 0..4 left of that model
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            keys = tierkv.block_keys(list(range(64)), block_size=4, model="m@1",
+                                     rope_theta=1e4)
+            assert await kv.get_many(keys) == [None] * 16
+            others = await kv.get_many([b"other%d" % i for i in range(40)])
+            assert others == [b"o%d" % i * 1000 for i in range(40)]
+
+    asyncio.run(reopen())

@@ -1,0 +1,69 @@
+"""Cascading, durable invalidation: removing a key's descendants, transitively, from every tier.
+
+A write to an existing key, `invalidate(key)` and `invalidate_model(name)` remove everything
+derived from the old value (`Dag.descendants`), one key at a time under that key's own gate (so
+no two keys are ever held at once and no two invalidations can deadlock). Keys removed so far are
+*doomed* until the invalidation returns: a put that names a doomed key as a parent while it runs
+links to it like any other, and the next pass removes that child too, so a child put concurrently
+with its parent's invalidation ends invalidated, never orphaned and live. Before returning, every
+persistent tier is synced (group commit), so the deletes — tombstones in the nvme log, frees in the
+pmem pool — are on media: no restart brings an invalidated object back. The last pass runs after
+that sync, and the call returns in the same step when it finds nothing new.
+"""
+
+from __future__ import annotations
+
+from tierkv.engine._state import EngineState
+from tierkv.engine._writes import Writes
+
+
+class Invalidations:
+    __slots__ = ("_st", "_writes")
+
+    def __init__(self, state: EngineState, writes: Writes) -> None:
+        self._st = state
+        self._writes = writes
+
+    async def invalidate(self, key: bytes) -> int:
+        """Remove `key` (if stored) and everything derived from it; how many objects went."""
+        removed = int(await self._writes.delete(key))
+        return removed + await self.descendants(key)
+
+    async def descendants(self, key: bytes) -> int:
+        """Remove everything derived from `key` (not `key` itself), durably; how many."""
+        st = self._st
+        doomed = {key}
+        removed = 0
+        synced = False
+        while True:
+            pending = self._new_descendants(doomed)
+            if not pending:
+                if synced:
+                    return removed
+                await self._sync()
+                synced = True
+                continue
+            synced = False
+            for child in pending:
+                doomed.add(child)
+                if await self._writes.delete(child):
+                    removed += 1
+                    st.counters.cascaded += 1
+                st.dag.unlink_parents(child)  # a key never stored leaves no edges either
+
+    def _new_descendants(self, doomed: set[bytes]) -> list[bytes]:
+        dag = self._st.dag
+        found: list[bytes] = []
+        seen: set[bytes] = set()
+        for key in doomed:
+            for child in dag.descendants(key):
+                if child not in doomed and child not in seen:
+                    seen.add(child)
+                    found.append(child)
+        return found
+
+    async def _sync(self) -> None:
+        st = self._st
+        for index, tier in enumerate(st.tiers):
+            if tier.persistent:
+                await st.commits[index].sync()
