@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tierkv.engine.dag import Dag
 from tierkv.formats.value import ObjectMeta
-from tierkv.keys import is_version_key
+from tierkv.keys import is_block_key
 from tierkv.scheduler import Scheduler
 
 
@@ -108,9 +108,11 @@ class Index:
         if tier not in entry.locations:
             entry.locations.append(tier)
             entry.locations.sort()
-        # the scheduler's chains follow prefix parents, not model-version nodes
+        # the scheduler's prefix chains: a block and the block before it (the first parent), not
+        # model-version nodes or other dependencies (a child of a document that is not cached
+        # is not worthless the way a block after a missing block is)
         parents = entry.meta.parents
-        if parents and is_version_key(parents[0]):
+        if not (parents and is_block_key(entry.key) and is_block_key(parents[0])):
             parents = ()
         self._scheduler.admitted(tier, entry.key, now, parents)
         if not entry.published:

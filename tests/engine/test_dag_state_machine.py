@@ -1,0 +1,135 @@
+"""A state machine over put (with parents) / get / invalidate / add_dependency / flush / reopen
+against a model of values and edges, on all three tiers (large enough that nothing is dropped,
+so the model is exact).
+
+The model's DAG: a put sets the key's parents (replacing the old ones) and, if the key held a
+value, removes everything derived from it; `invalidate` removes the key and its descendants and
+returns how many stored objects went; an object that leaves drops the edges from its parents;
+`add_dependency` edges live in memory only, so a reopen rebuilds the edges from the stored
+objects' parents alone. A put or link that would close a cycle is refused and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import tierkv
+from tests.engine._configs import hierarchy_config
+from tierkv import DependencyCycleError
+
+KEYS = st.sampled_from([b"a", b"b", b"c", b"d", b"e", b"f"])
+VALUES = st.binary(min_size=1, max_size=48)
+
+
+class DagMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.directory = Path(tempfile.mkdtemp(prefix="tierkv-dag-"))
+        self.config = hierarchy_config(self.directory, ("gpu", "pmem", "nvme"),
+                                       gpu={"slot_size": 4096, "capacity": 16 * 1024})
+        self.kv = self.run(tierkv.open(self.config))
+        self.values: dict[bytes, bytes] = {}
+        self.durable: dict[bytes, set[bytes]] = {}  # a stored key's parents from its put
+        self.edges: set[tuple[bytes, bytes]] = set()
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    # -- the model's DAG --------------------------------------------------------------------
+    def descendants(self, key: bytes) -> set[bytes]:
+        found: set[bytes] = set()
+        frontier = [key]
+        while frontier:
+            node = frontier.pop()
+            for parent, child in self.edges:
+                if parent == node and child not in found:
+                    found.add(child)
+                    frontier.append(child)
+        return found
+
+    def leave(self, key: bytes) -> int:
+        """`key` leaves the cache (if stored): its value and the edges from its parents."""
+        self.edges = {(p, c) for p, c in self.edges if c != key}
+        self.durable.pop(key, None)
+        return int(self.values.pop(key, None) is not None)
+
+    def remove_descendants(self, key: bytes) -> int:
+        return sum(self.leave(child) for child in self.descendants(key))
+
+    # -- rules ------------------------------------------------------------------------------
+    @rule(key=KEYS, value=VALUES, parents=st.lists(KEYS, max_size=2, unique=True))
+    def put(self, key: bytes, value: bytes, parents: list[bytes]) -> None:
+        cycle = key in parents or any(key == p or p in self.descendants(key) for p in parents)
+        if cycle:
+            try:
+                self.run(self.kv.put(key, value, parents=parents))
+            except DependencyCycleError:
+                return
+            raise AssertionError("a cycle was accepted")
+        self.run(self.kv.put(key, value, parents=parents))
+        replaced = key in self.values
+        self.edges = {(p, c) for p, c in self.edges if c != key} | {(p, key) for p in parents}
+        if replaced:
+            self.remove_descendants(key)
+        self.values[key] = value
+        self.durable[key] = set(parents)
+
+    @rule(key=KEYS)
+    def get(self, key: bytes) -> None:
+        assert self.run(self.kv.get(key)) == self.values.get(key)
+
+    @rule(key=KEYS)
+    def invalidate(self, key: bytes) -> None:
+        removed = self.run(self.kv.invalidate(key))
+        expected = self.leave(key) + self.remove_descendants(key)
+        assert removed == expected
+
+    @rule(parent=KEYS, child=KEYS)
+    def add_dependency(self, parent: bytes, child: bytes) -> None:
+        if parent == child or parent in self.descendants(child):
+            try:
+                self.run(self.kv.add_dependency(parent, child))
+            except DependencyCycleError:
+                return
+            raise AssertionError("a cycle was accepted")
+        self.run(self.kv.add_dependency(parent, child))
+        self.edges.add((parent, child))
+
+    @rule()
+    def flush(self) -> None:
+        self.run(self.kv.flush())
+
+    @precondition(lambda self: True)
+    @rule()
+    def reopen(self) -> None:
+        self.run(self.kv.close())
+        self.kv = self.run(tierkv.open(self.config))
+        # what comes back: the stored objects, and the edges their headers name
+        self.edges = {(p, key) for key, parents in self.durable.items() for p in parents}
+
+    @invariant()
+    def every_value_as_the_model_says(self) -> None:
+        keys = sorted(self.values)
+        assert self.run(self.kv.get_many(keys)) == [self.values[k] for k in keys]
+
+    def teardown(self) -> None:
+        try:
+            self.run(self.kv.close())
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+TestDagMachine = DagMachine.TestCase
+TestDagMachine.settings = settings(
+    max_examples=25, stateful_step_count=25, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
