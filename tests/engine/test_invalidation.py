@@ -126,6 +126,8 @@ async def test_invalidation_survives_a_clean_restart_and_the_dag_is_rebuilt(
         await kv.flush()
         assert await kv.invalidate(keys[3]) == 3
     async with tierkv.open(config(tmp_path)) as kv:
+        engine = kv.stats()["engine"]
+        assert sum(engine["recovered"].values()) >= 3 and engine["recovery_s"] > 0
         found = await kv.get_many(keys)
         assert found[:3] == [b"kv0", b"kv1", b"kv2"] and found[3:] == [None] * 3
         # the recovered objects' edges came back from their headers

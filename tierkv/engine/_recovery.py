@@ -8,6 +8,8 @@ above the largest one recovered. If a tier fails to open, those already open are
 
 from __future__ import annotations
 
+import time
+
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
@@ -16,11 +18,14 @@ from tierkv.tiers.base import RecoveredObject, Tier
 
 async def open_tiers(state: EngineState) -> None:
     opened: list[Tier] = []
+    started = time.perf_counter()
     try:
         for index, tier in enumerate(state.tiers):
             recovered = await tier.open()
             opened.append(tier)
+            state.counters.recovered[tier.name] += len(recovered)
             await _adopt(state, index, recovered)
+        state.counters.recovery_s = time.perf_counter() - started
     except BaseException:
         for tier in reversed(opened):
             await tier.close()
@@ -34,11 +39,13 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
         entry = index.get(obj.key)
         if entry is not None and entry.generation > obj.meta.generation:
             await tier.delete(obj.key)
+            state.counters.recovered_superseded += 1
             continue
         if entry is not None and entry.generation < obj.meta.generation:
             index.detach(obj.key, replaced=True)
             for older in entry.locations:
                 await state.tiers[older].delete(obj.key)
+                state.counters.recovered_superseded += 1
             entry = None
         if entry is None:
             entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media

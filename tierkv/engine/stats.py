@@ -30,6 +30,12 @@ class EngineCounters:
     cascaded: int = 0
     #: edges named by recovered headers that would have closed a cycle (damage): not restored
     dag_edges_refused: int = 0
+    #: at open: intact objects each persistent tier recovered (its own stats count what it
+    #: dropped as corrupt and the tombstones it applied), older copies of a key deleted, and
+    #: the seconds opening and indexing took
+    recovered: Counter[str] = field(default_factory=Counter)
+    recovered_superseded: int = 0
+    recovery_s: float = 0.0
     #: background moves that failed (their source copy stays) or were discarded (the object
     #: changed or was busy when the move came to run)
     moves_failed: int = 0
