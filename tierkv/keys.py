@@ -182,11 +182,6 @@ def version_key(model: str) -> bytes:
     return bytes((_TAG_VERSION,)) + _utf8(model, "model")
 
 
-def is_version_key(raw: bytes) -> bool:
-    """Whether canonical key bytes name a model-version node (`version_key`)."""
-    return bool(raw) and raw[0] == _TAG_VERSION
-
-
 def is_block_key(raw: bytes) -> bool:
     """Whether canonical key bytes are a `BlockKey`'s."""
     return bool(raw) and raw[0] == _TAG_BLOCK
