@@ -440,6 +440,12 @@ async def _failing_writer(directory: Path, backend: NvmeBackend, case: str) -> N
         drops.during = None
         if drops.reports:
             break
+    # the sealed region's write fails in the background: on a loaded machine it may end only
+    # after the last put, so wait for its report (at most 10 s) rather than race it
+    for _ in range(1000):
+        if drops.reports or case == "head":
+            break
+        await asyncio.sleep(0.01)
     show()
     if case == "head":
         drops.during = "flush"
