@@ -68,12 +68,13 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure the engine or one tier beside a baseline")
     bench.add_argument("--config", type=Path, help="TOML device config (default: embedded)")
     bench.add_argument("--device", choices=("engine", "gpu", "pmem", "nvme", "scheduler",
-                                            "invalidation"),
+                                            "invalidation", "recovery"),
                        default="engine",
                        help="engine: L1 figures and a workload through the whole hierarchy; "
                             "gpu: the L1 figures only; pmem/nvme: that tier against memcpy/fio; "
                             "scheduler: policy bookkeeping per access at 1M objects beside LRU; "
-                            "invalidation: a 100k-object subtree invalidated beside deletes")
+                            "invalidation: a 100k-object subtree invalidated beside deletes; "
+                            "recovery: reopening a full 1 GiB pool + 10 GiB log")
     bench.add_argument("--size", type=_size_arg, default=256 << 10,
                        help="object size of the workload (default 256KiB)")
     bench.add_argument("--count", type=int, default=2048, help="objects in the workload")
@@ -268,6 +269,11 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
         from tierkv.bench.invalidation import run_invalidation_bench
 
         jobs.append(("invalidation", lambda bar: run_invalidation_bench(
+            config, quick=quick, progress=bar)))
+    if args.device == "recovery":
+        from tierkv.bench.recovery import run_recovery_bench
+
+        jobs.append(("recovery", lambda bar: run_recovery_bench(
             config, quick=quick, progress=bar)))
     return jobs
 
