@@ -233,3 +233,23 @@ def test_invalidated_objects_stay_gone_after_kill_9(tmp_path: Path, policy: str,
             assert others == [b"o%d" % i * 1000 for i in range(40)]
 
     asyncio.run(reopen())
+
+
+async def test_moves_under_way_never_bring_an_invalidated_object_back(tmp_path: Path) -> None:
+    """Objects of a chain are being demoted and promoted while the chain is invalidated: once
+    the invalidation returned and the background settled, no tier holds any of them, and a
+    reopen finds none."""
+    cfg = config(tmp_path)
+    keys = chain(5, 40)
+    async with tierkv.open(cfg) as kv:
+        await kv.put_many([(key, os.urandom(20_000)) for key in keys])
+        churn = [kv.put(b"filler%d" % i, os.urandom(20_000)) for i in range(60)]
+        reads = [kv.get_many(keys[:10]) for _ in range(5)]  # hits below promote
+        invalidation = asyncio.ensure_future(kv.invalidate(keys[0]))
+        await asyncio.gather(*churn, *reads)
+        assert await invalidation == 40
+        await kv.settle()
+        assert [await kv.locate(key) for key in keys] == [None] * 40
+        assert kv.stats()["engine"]["demotions"]  # the moves did run
+    async with tierkv.open(cfg) as kv:
+        assert await kv.get_many(keys) == [None] * 40
