@@ -480,7 +480,8 @@ async def test_expiry_into_a_log_with_dead_entries_drops_nothing(tmp_path: Path)
             assert await kv.delete(f"fill{i}")  # half of the log is dead now
         await kv.settle()
         log = kv.stats()["tiers"]["nvme"]
-        assert log["regions_free"] == 0
+        # every region in use but those the log keeps free for its checkpoint
+        assert log["regions_free"] == log["regions_reserved"]
         on_top = sum(tier == "gpu" for tier in located.values())
         assert on_top * 60_000 < log["capacity"] - log["used"]  # what the expiry sees as room
         before = kv.stats()["engine"]

@@ -125,11 +125,14 @@ NEW_VALUE = b"the new value" * 100
 PER = per_region(5000)
 #: the entries of region 1 besides `DELETED` and `OVERWRITTEN`
 REGION_1 = range(PER, 2 * PER - 2)
+#: the log's regions in the supersede scenario: four for data, one kept for the checkpoint
+SUPERSEDE_REGIONS = 5
 
 
 async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
-    """Four 1 MiB regions; writes to region 3 fail (RLIMIT_FSIZE, EFBIG). Regions 0-2 are filled
-    and flushed, `DELETED` and `OVERWRITTEN` in region 1; region 3, the head, then gets the
+    """Five 1 MiB regions (`SUPERSEDE_REGIONS`: one stays free for the checkpoint, region 4, as
+    the log keeps one); writes to regions 3 and 4 fail (RLIMIT_FSIZE, EFBIG). Regions 0-2 are
+    filled and flushed, `DELETED` and `OVERWRITTEN` in region 1; region 3, the head, then gets the
     tombstone of `DELETED` and the new version of `OVERWRITTEN`. ``sealed``: region 3 is filled,
     its write fails, a reclaim takes region 0 for the head; a flush raises, prints
     ``FLUSH_FAILED <errno>`` and the writer waits to be killed. ``close``: the tier is closed
@@ -138,7 +141,8 @@ async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     limit = SUPERBLOCK_SIZE + 3 * REGION
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    tier = NvmeTier(nvme_config(directory, backend=backend, reinsert_hits=0))
+    tier = NvmeTier(nvme_config(directory, regions=SUPERSEDE_REGIONS, backend=backend,
+                                reinsert_hits=0))
     await tier.open()
 
     async def put(i: int, data: bytes) -> None:
@@ -154,10 +158,10 @@ async def supersede(directory: Path, backend: NvmeBackend, case: str) -> None:
     for i in range(PER, 3 * PER - 2):
         await put(i, payload_for(i, 5000))
     await tier.flush()  # regions 0-2 on media
-    assert tier.stats()["regions_free"] == 1
+    assert tier.stats()["regions_free"] == 2
     assert await tier.delete(key(DELETED))
     await put(OVERWRITTEN, NEW_VALUE)
-    assert tier.stats()["regions_free"] == 0  # region 3 is the head
+    assert tier.stats()["regions_free"] == 1  # region 3 is the head, region 4 kept free
     if case == "close":
         await tier.close()
         print("CLOSED", flush=True)

@@ -158,9 +158,11 @@ async def test_cut_off_newest_history_opens_and_serves_nothing_stale(tmp_path: P
 
 
 async def test_truncated_log_opens_with_what_is_intact(tmp_path: Path) -> None:
-    tier = NvmeTier(nvme_config(tmp_path, regions=8, reinsert_hits=0))
+    tier = NvmeTier(nvme_config(tmp_path, regions=9, reinsert_hits=0))
     await tier.open()
-    total = PER_REGION * 12  # twelve regions' worth over eight: the log wraps around
+    # nine regions, one kept free for the checkpoint (the last: regions are taken lowest
+    # first): twelve regions' worth over eight for data, the log wraps around
+    total = PER_REGION * 12
     live = set(range(total))
     for i in range(total):
         live.difference_update(int(k.rsplit(b"-", 1)[1])
@@ -173,7 +175,7 @@ async def test_truncated_log_opens_with_what_is_intact(tmp_path: Path) -> None:
     assert max(seqs, key=seqs.__getitem__) < 4  # the newest regions lie in the first half
     os.truncate(image, SUPERBLOCK_SIZE + 4 * REGION)
 
-    again = NvmeTier(nvme_config(tmp_path, regions=8, name=image.name))
+    again = NvmeTier(nvme_config(tmp_path, regions=9, name=image.name))
     recovered = {r.key for r in await again.open()}
     try:
         assert again.stats()["recovered_from"] == "scan"
@@ -189,7 +191,7 @@ async def test_truncated_log_opens_with_what_is_intact(tmp_path: Path) -> None:
         await put(again, 10_000, b"after")  # into a region past the old end
     finally:
         await again.close()
-    third = NvmeTier(nvme_config(tmp_path, regions=8, name=image.name))
+    third = NvmeTier(nvme_config(tmp_path, regions=9, name=image.name))
     await third.open()
     try:
         assert third.stats()["recovered_from"] == "checkpoint"

@@ -1,5 +1,5 @@
 """The NVMe tier's compact index against a dict model (hypothesis state machine), plus its
-memory bound."""
+memory bound and the sizes it keeps for the checkpoint reservation."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.nvme._index import Location, NvmeIndex
+from tierkv.tiers.nvme._reserve import meta_weight
 
 UNIT = 4096
 _Record = tuple[int, int, int, ObjectMeta, int]  # region, offset, length, meta, hits
@@ -25,7 +26,7 @@ METAS = st.sampled_from([
 class IndexMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.index = NvmeIndex(UNIT, initial_table=4, compact_min=64)
+        self.index = NvmeIndex(UNIT, initial_table=4, compact_min=64, weigh=meta_weight)
         self.model: dict[bytes, _Record] = {}
 
     @rule(key=KEYS, region=st.integers(0, 5), block=st.integers(0, 2**20),
@@ -72,6 +73,16 @@ class IndexMachine(RuleBasedStateMachine):
     def same_keys(self) -> None:
         assert len(self.index) == len(self.model)
         assert sorted(self.index.keys()) == sorted(self.model)
+
+    @invariant()
+    def same_sizes(self) -> None:
+        """The running sums the checkpoint reservation reads follow every put and remove."""
+        assert self.index.key_bytes == sum(len(k) for k in self.model)
+        metas = [record[3] for record in self.model.values()]
+        assert self.index.meta_bytes == sum(meta_weight(m.dtype, m.shape, m.parents)
+                                            for m in metas)
+        for meta in metas:
+            assert self.index.weight(meta) == meta_weight(meta.dtype, meta.shape, meta.parents)
 
     def _check_location(self, key: bytes, found: Location | None) -> None:
         record = self.model.get(key)

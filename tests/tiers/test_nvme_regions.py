@@ -53,7 +53,8 @@ async def test_hot_entries_are_reinserted(tmp_path: Path) -> None:
 
 
 async def test_lru_keeps_recently_read_region(tmp_path: Path) -> None:
-    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0,
+    # four regions, one kept free for the checkpoint: three for data
+    tier = NvmeTier(nvme_config(tmp_path, regions=4, reinsert_hits=0,
                                 eviction=RegionEviction.LRU))
     await tier.open()
     try:

@@ -1,12 +1,13 @@
 """A failed region write never brings back what that region had superseded, after a crash.
 
 The region holding a tombstone and an overwrite of keys flushed in an older region fails to be
-written (a real EFBIG: the writer process runs under a lowered RLIMIT_FSIZE that only the last
-region lies beyond). Its records never reach the media while the older region's do; the tier must
-tombstone those keys again elsewhere. Two cases: the region fails as a sealed region (the writer
-is then killed with SIGKILL, no checkpoint), and it fails as the head at `close()` (whose
-checkpoint cannot be written either). Either way the next open scans, and the deleted key must
-stay deleted and the overwritten key must be absent or new, never old.
+written (a real EFBIG: the writer process runs under a lowered RLIMIT_FSIZE that only that region
+and the one the log keeps free for its checkpoint lie beyond). Its records never reach the media
+while the older region's do; the tier must tombstone those keys again elsewhere. Two cases: the
+region fails as a sealed region (the writer is then killed with SIGKILL, no checkpoint), and it
+fails as the head at `close()` (whose checkpoint cannot be written either). Either way the next
+open scans, and the deleted key must stay deleted and the overwritten key must be absent or new,
+never old.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.tiers._nvme_support import key, nvme_config, payload_for
-from tests.tiers._nvme_writer import DELETED, NEW_VALUE, OVERWRITTEN, REGION_1
+from tests.tiers._nvme_writer import (
+    DELETED,
+    NEW_VALUE,
+    OVERWRITTEN,
+    REGION_1,
+    SUPERSEDE_REGIONS,
+)
 from tierkv.config import NvmeBackend
 from tierkv.testing import payload_bytes
 from tierkv.tiers.nvme.tier import NvmeTier
@@ -59,14 +66,15 @@ def _run_writer(directory: Path, backend: NvmeBackend, case: str) -> list[str]:
 async def test_failed_write_never_resurrects_superseded(
     tmp_path: Path, backend: NvmeBackend, case: str
 ) -> None:
-    setup = NvmeTier(nvme_config(tmp_path, backend=backend))
+    setup = NvmeTier(nvme_config(tmp_path, regions=SUPERSEDE_REGIONS, backend=backend))
     await setup.open()  # formats the file at its full size before the writer's limit applies
     await setup.close()
 
     lines = _run_writer(tmp_path, backend, case)
     assert (f"FLUSH_FAILED {errno.EFBIG}" if case == "sealed" else "CLOSED") in lines
 
-    tier = NvmeTier(nvme_config(tmp_path, backend=backend, reinsert_hits=0))
+    tier = NvmeTier(nvme_config(tmp_path, regions=SUPERSEDE_REGIONS, backend=backend,
+                                reinsert_hits=0))
     recovered = await tier.open()
     try:
         assert tier.stats()["recovered_from"] == "scan"

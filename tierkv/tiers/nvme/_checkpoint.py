@@ -1,5 +1,9 @@
 """The NVMe tier's index checkpoint: written into free regions at close, loaded at open.
 
+The log keeps enough regions FREE for it (`_reserve`), so a full log writes it too; only a log
+too small for the reservation, or one whose reservation could not be restored, may find no room
+and skip it (the next open scans).
+
 Separate because it is the tier's whole-index persistence, apart from the log it summarises: the
 msgpack checkpoint (`tierkv.formats.nvme_layout`), the superblock writes that record or clear it,
 and the checks that make a damaged checkpoint fall back to a scan (`CorruptObjectError`).
@@ -30,6 +34,7 @@ from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._scan import read_range
 from tierkv.tiers.nvme._state import LogState, log
+from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
 
 
@@ -152,6 +157,8 @@ class CheckpointIO:
                         st.name, len(data))
             return
         targets = tuple(free[: len(chunks)])
+        for index in targets:  # a region kept FREE may still have its empty header going
+            await settle(st.regions[index].writes)
         buf = st.pool.acquire(st.config.region_size)
         try:
             for chunk, index in zip(chunks, targets, strict=True):

@@ -17,6 +17,11 @@ exceed the live ones). Memory with 1 M 33-byte keys, by tracemalloc
 (`tierkv.bench.nvme.index_bytes_per_entry`): about 90 bytes an entry - 44 of columns, 33 of
 key, 8 of table, plus the arrays' growth slack.
 
+Sizes for the checkpoint reservation (`_reserve`), kept as entries come and go, at no cost per
+lookup: `key_bytes` (the live keys' bytes) and `meta_bytes` (the sum over live entries of a
+weight of their interned metadata, given by the `weigh` callable; 0 without one), so the
+checkpoint's size is bounded without walking the index.
+
 `initial_table` (a power of two) and `compact_min` (dead arena bytes tolerated before a
 compaction is considered) exist so tests can force rebuilds and compactions on small data.
 
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +52,13 @@ _MAX_HITS = 0xFFFF
 _COMPACT_MIN = 1 << 20
 _hash = xxhash.xxh3_64_intdigest
 
+#: weighs an entry's interned metadata (dtype, shape, parents) for `NvmeIndex.meta_bytes`
+Weigh = Callable[[str, tuple[int, ...], tuple[bytes, ...]], int]
+
+
+def _weightless(_dtype: str, _shape: tuple[int, ...], _parents: tuple[bytes, ...]) -> int:
+    return 0
+
 
 @dataclass(frozen=True, slots=True)
 class Location:
@@ -63,7 +75,7 @@ class NvmeIndex:
     """See the module docstring."""
 
     def __init__(self, unit: int, *, initial_table: int = _INITIAL_TABLE,
-                 compact_min: int = _COMPACT_MIN) -> None:
+                 compact_min: int = _COMPACT_MIN, weigh: Weigh = _weightless) -> None:
         if initial_table < 2 or initial_table & (initial_table - 1):
             raise ValueError("initial_table must be a power of two")
         self._unit = unit
@@ -91,6 +103,10 @@ class NvmeIndex:
         self._shape_refs: list[int] = [1]
         self._shape_ids: dict[_Shape, int] = {_PLAIN: 0}
         self._free_shapes: list[int] = []
+        self._weigh = weigh
+        self._shape_weights: list[int] = [weigh(*_PLAIN[1:])]
+        self._key_bytes = 0
+        self._meta_bytes = 0
 
     def __len__(self) -> int:
         return self._live
@@ -101,6 +117,23 @@ class NvmeIndex:
     def keys(self) -> Iterator[bytes]:
         """A snapshot of the keys (safe to mutate the index while iterating it)."""
         return iter([self._key(slot) for slot in self._live_slots()])
+
+    @property
+    def key_bytes(self) -> int:
+        """Bytes of the live keys, summed."""
+        return self._key_bytes
+
+    @property
+    def meta_bytes(self) -> int:
+        """The `weigh` of every live entry's metadata, summed."""
+        return self._meta_bytes
+
+    def weight(self, meta: ObjectMeta) -> int:
+        """What an entry of `meta` would add to `meta_bytes`."""
+        found = self._shape_ids.get((meta.kind, meta.dtype, meta.shape, meta.parents))
+        if found is not None:
+            return self._shape_weights[found]
+        return self._weigh(meta.dtype, meta.shape, meta.parents)
 
     # -- mutation --------------------------------------------------------------------------------
     def put(self, key: bytes, *, region: int, offset: int, length: int, meta: ObjectMeta,
@@ -132,7 +165,9 @@ class NvmeIndex:
         self._hits[slot] = min(hits, _MAX_HITS)
         self._generation[slot] = meta.generation
         self._slack[slot] = length - meta.nbytes
-        self._shape_id[slot] = self._intern((meta.kind, meta.dtype, meta.shape, meta.parents))
+        shape_id = self._intern((meta.kind, meta.dtype, meta.shape, meta.parents))
+        self._shape_id[slot] = shape_id
+        self._meta_bytes += self._shape_weights[shape_id]
         return old
 
     def remove(self, key: bytes) -> Location | None:
@@ -146,6 +181,7 @@ class NvmeIndex:
         self._free.append(slot)
         self._live -= 1
         self._dead += self._key_len[slot] + 1
+        self._key_bytes -= self._key_len[slot] + 1
         if self._dead > self._compact_min and self._dead > len(self._arena) - self._dead:
             self._compact()
         return location
@@ -183,7 +219,7 @@ class NvmeIndex:
             self._arena, self._table, self._free, self._key_at, self._key_len, self._tag,
             self._region, self._offset, self._length, self._hits, self._shape_id,
             self._generation, self._slack, self._shapes, self._shape_refs, self._shape_ids,
-            self._free_shapes,
+            self._free_shapes, self._shape_weights,
         ]
         return sum(sys.getsizeof(c) for c in containers) + sum(
             sys.getsizeof(shape) for shape in self._shapes
@@ -226,6 +262,7 @@ class NvmeIndex:
     def _new_slot(self, key: bytes, tag: int) -> int:
         at = len(self._arena)
         self._arena += key
+        self._key_bytes += len(key)
         if self._free:
             slot = self._free.pop()
             self._key_at[slot] = at
@@ -272,18 +309,22 @@ class NvmeIndex:
         if found is not None:
             self._shape_refs[found] += 1
             return found
+        weight = self._weigh(*shape[1:])
         if self._free_shapes:
             new = self._free_shapes.pop()
             self._shapes[new] = shape
             self._shape_refs[new] = 1
+            self._shape_weights[new] = weight
         else:
             new = len(self._shapes)
             self._shapes.append(shape)
             self._shape_refs.append(1)
+            self._shape_weights.append(weight)
         self._shape_ids[shape] = new
         return new
 
     def _release_shape(self, shape_id: int) -> None:
+        self._meta_bytes -= self._shape_weights[shape_id]
         if shape_id == 0:
             return
         self._shape_refs[shape_id] -= 1

@@ -14,6 +14,14 @@ starts its seal task in one step; a reclaim waits and reads the victim's hot ent
 touches anything, then frees the victim and drops its keys in one step; a head is opened and the
 hot entries copied into it in one step. Between those steps the log may have no head, which the
 next append opens.
+
+Room for the checkpoint (`_reserve`): the log keeps `CheckpointReserve.needed` regions FREE. A
+rotation takes a FREE region for the head only if that many stay FREE, else it reclaims a
+victim, as a full log does. A put whose entry would make the checkpoint outgrow the FREE regions
+(the index grew, or its entries got smaller) first reclaims a victim into FREE
+(`_restore_reserve`): its hot entries go into the head as far as they fit, the rest are dropped,
+and a header of a new, empty use is written to it in the background (`RegionWrites.write_empty`)
+so that a scan never brings back what it held, while it waits, FREE, for the checkpoint.
 """
 
 from __future__ import annotations
@@ -62,14 +70,23 @@ class RegionLog:
     async def append(self, key: bytes, meta: ObjectMeta, header: bytes, *,
                      payload: memoryview | bytes, flags: int, size: int) -> None:
         """`make_room`, then `place`; under the lock. Keys it drops go to `LogState.drop`."""
-        await self.make_room(size)
+        st = self._st
+        grows = st.reserve.entry_bytes(len(key), st.index.weight(meta)) if not flags else 0
+        await self.make_room(size, grows)
         self.place(key, meta, header, payload=payload, flags=flags, size=size)
 
-    async def make_room(self, size: int) -> None:
-        """Rotate until the head has `size` bytes free; under the lock."""
+    async def make_room(self, size: int, grows: int = 0) -> None:
+        """Rotate until the head has `size` bytes free, and keep FREE regions for a checkpoint
+        grown by `grows` bytes (an entry the index will hold, `CheckpointReserve.entry_bytes`);
+        under the lock."""
         st = self._st
-        while st.head is None or st.head.used + size > st.config.region_size:
-            await self._rotate()
+        while True:
+            if st.head is None or st.head.used + size > st.config.region_size:
+                await self._rotate()
+            elif grows and st.reserve.short(st.index, grows):
+                await self._restore_reserve()
+            else:
+                return
 
     def place(self, key: bytes, meta: ObjectMeta, header: bytes, *, payload: memoryview | bytes,
               flags: int, size: int, hits: int = 0, shadowed: Location | None = None) -> None:
@@ -143,8 +160,12 @@ class RegionLog:
                 self._seal(st.head)
                 break
             await st.wait_changed()  # a seal task's end frees a slot (`LogState.sealing`)
-        region, hot = await self._take_region()
+        reserve = st.reserve
+        reserve.tally(st.regions, st.regions.made)
+        keep = reserve.needed(reserve.bound(st.index))  # with the full head's entries
+        region, hot = await self._take_region(keep)
         self._open_head(region, hot)
+        reserve.hold(st.index, keep)
 
     def _seal(self, head: Region) -> None:
         """Detach the head and start writing it, in one step: it is never left without an owner."""
@@ -153,15 +174,23 @@ class RegionLog:
         head.state = RegionState.SEALING
         spawn(self._writes.write_sealed(head), st.sealing, st.changed.set)
 
-    async def _take_region(self) -> tuple[Region, list[HotEntry]]:
-        """A FREE region with no reads in flight for the new head, reclaiming one if need be,
-        and the hot entries of a reclaimed victim (already dropped from the index)."""
+    async def _take_region(self, keep: int) -> tuple[Region, list[HotEntry]]:
+        """A FREE region with no reads in flight for the new head, reclaiming one if need be
+        (also when taking a FREE one would leave fewer than `keep`), and the hot entries of a
+        reclaimed victim (already dropped from the index)."""
         st = self._st
-        # `reuse_failed` is False for close's last flush: a region whose write failed (perhaps a
-        # bad area) is then reused only when no victim can be reclaimed (see `_reclaim`)
-        free = st.regions.first_free(lambda r: st.reuse_failed or r.failed is None)
+        spare = st.reserve.free
+        if not st.reuse_failed:
+            # close's last flush: a region whose write failed (perhaps a bad area) is reused
+            # only when no victim can be reclaimed (see `_reclaim`), and only healthy regions
+            # count as room for the checkpoint that follows
+            spare -= sum(1 for r in st.regions
+                         if r.state is RegionState.FREE and r.failed is not None)
+        free = (st.regions.first_free(lambda r: st.reuse_failed or r.failed is None)
+                if spare > keep else None)  # else taking one leaves too few FREE
         region, hot = (free, []) if free is not None else await self._reclaim()
         try:
+            await settle(region.writes)  # a region kept FREE may have its empty header going
             while region.readers:  # reads that began before the index let go of the region
                 await st.wait_changed()
         except BaseException:
@@ -177,6 +206,7 @@ class RegionLog:
         _d, _io, sb = st.dev_io()
         region.state, region.seq = RegionState.HEAD, st.next_seq
         st.next_seq += 1
+        st.reserve.free -= 1
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
         write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
         region.used, region.durable, region.live = st.align, st.align, 0
@@ -210,10 +240,7 @@ class RegionLog:
         # one (LRU): wait for it rather than take a younger region out of turn
         await settle(st.sealing)
         while True:
-            # A region superseding records of an older one waits for it (see Region.shadows);
-            # the oldest sealed region never waits, so FIFO is unaffected.
-            victims = [r for r in st.regions
-                       if r.state is RegionState.SEALED and r.readers == 0 and not r.shadows]
+            victims = self._victims()
             if victims:
                 break
             # Failed writes can leave every sealed region waiting for a FREE one (a region
@@ -222,6 +249,18 @@ class RegionLog:
             if spare is not None:
                 return spare, []
             await st.wait_changed()
+        return await self._free_victim(victims)
+
+    def _victims(self) -> list[Region]:
+        # A region superseding records of an older one waits for it (see Region.shadows);
+        # the oldest sealed region never waits, so FIFO is unaffected.
+        return [r for r in self._st.regions
+                if r.state is RegionState.SEALED and r.readers == 0 and not r.shadows]
+
+    async def _free_victim(self, victims: list[Region]) -> tuple[Region, list[HotEntry]]:
+        """Free one of `victims` (chosen by the eviction policy) and read its hot entries;
+        the awaits (reads) come first, then the index lets go of it in one step."""
+        st = self._st
         if not st.reuse_failed:  # close's last flush: not into a region whose write failed
             victims = [r for r in victims if r.failed is None] or victims
         if st.config.eviction is RegionEviction.LRU:
@@ -242,6 +281,7 @@ class RegionLog:
         hot = [entry for entry in hot if entry.key in held]
         reinserted = {entry.key for entry in hot}
         victim.state = RegionState.FREE
+        st.reserve.free += 1
         for key in keys:
             st.forget(key)
         victim.live = 0
@@ -250,6 +290,42 @@ class RegionLog:
         st.counters["entries_dropped"] += len(dropped)
         st.drop(dropped)
         return victim, hot
+
+    async def _restore_reserve(self) -> None:
+        """Reclaim a victim into FREE, for the checkpoint; under the lock, with a head.
+
+        Its hot entries are copied into the head where they fit (the others are dropped), and
+        it gets a header of a new, empty use, written in the background: its old records are
+        stale on media then, as a reused region's are, and the regions shadowing it stop
+        waiting for it. Until it is reused its seq stays the old one (reads that began before
+        the reclaim check their entries against it). No sealed region eligible (each waits for
+        another): the reservation is `waived` until the next rotation.
+        """
+        st = self._st
+        await settle(st.sealing)  # as `_reclaim`: a region being written may be the victim due
+        victims = self._victims()
+        if not victims:
+            st.reserve.waived = True
+            log.info("%s: no region to reclaim for the checkpoint's room", st.name)
+            return
+        victim, hot = await self._free_victim(victims)
+        # no await from here: the victim's hot entries go back into the head in this step
+        head, dropped = st.head, []
+        for entry in hot:
+            size = entry_size(len(entry.header), len(entry.payload), st.grain)
+            if head is not None and head.used + size <= st.config.region_size:
+                self.place(entry.key, entry.meta, entry.header, payload=entry.payload,
+                           flags=0, size=size)
+                st.counters["entries_reinserted"] += 1
+            else:
+                dropped.append(entry.key)
+        st.counters["entries_dropped"] += len(dropped)
+        st.counters["reserve_reclaims"] += 1
+        st.drop(dropped)
+        seq, st.next_seq = st.next_seq, st.next_seq + 1
+        waiting = [r for r in st.regions if victim.index in r.shadows]
+        spawn(self._writes.write_empty(victim, seq, waiting), victim.writes)
+        st.reserve.hold(st.index, st.reserve.held)
 
     async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:
         st = self._st

@@ -168,16 +168,20 @@ class NvmeRecovery:
                          newest_seq=newest.seq if newest is not None else 0,
                          newest_index=newest.index if newest is not None else 0)
         for scanned in found:
+            st.next_seq = max(st.next_seq, scanned.seq + 1)
+            st.counters["checksum_failures"] += scanned.found.corrupt
+            st.counters["bytes_read"] += scanned.found.used
+            if not scanned.found.entries:
+                # holds nothing (an empty use: a region kept free for the checkpoint, a head
+                # that crashed before its first entry reached the media): it stays FREE
+                continue
             region = st.regions[scanned.index]
             region.state, region.seq = RegionState.SEALED, scanned.seq
             region.used, region.header_written = scanned.found.used, True
-            st.next_seq = max(st.next_seq, scanned.seq + 1)
-            st.counters["checksum_failures"] += scanned.found.corrupt
             for entry in scanned.found.entries:
                 if entry.tombstone:
                     st.shadow(region, st.forget(entry.key))
                 else:
                     st.insert(entry.key, region, offset=entry.offset,
                               length=entry.length, meta=entry.meta, hits=0)
-        st.counters["bytes_read"] += sum(r.used for r in st.regions)
         return sb

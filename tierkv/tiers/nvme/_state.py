@@ -21,6 +21,7 @@ from tierkv.formats.value import ObjectMeta
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._index import Location, NvmeIndex
 from tierkv.tiers.nvme._regions import Region, RegionState, RegionTable, Superseded
+from tierkv.tiers.nvme._reserve import CheckpointReserve, meta_weight
 from tierkv.tiers.nvme.io._aligned import AlignedPool
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
@@ -50,8 +51,8 @@ class LogState:
 
     __slots__ = ("changed", "config", "counters", "device", "head", "index", "io", "live",
                  "lock", "lost", "name", "next_seq", "on_drop", "pool", "recovered_from",
-                 "region_count", "regions", "reuse_failed", "sb", "sealing", "superseded",
-                 "tick", "write_error")
+                 "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
+                 "superseded", "tick", "write_error")
 
     def __init__(self, name: str, config: NvmeTierConfig, region_count: int,
                  on_drop: DropReport) -> None:
@@ -62,8 +63,13 @@ class LogState:
         self.io: BlockIO | None = None
         self.pool = AlignedPool()
         self.sb: Superblock | None = None
-        self.index = NvmeIndex(ENTRY_GRANULARITY)
+        self.index = NvmeIndex(ENTRY_GRANULARITY, weigh=meta_weight)
         self.regions = RegionTable(0)
+        #: the FREE regions kept for the checkpoint (`_reserve`), recounted at open; before
+        #: it, what an empty log keeps (so `capacity` does not change at open)
+        self.reserve = CheckpointReserve(config.region_size, region_count)
+        self.reserve.tally((), 0)
+        self.reserve.hold(self.index)
         self.head: Region | None = None
         self.next_seq = 1
         self.tick = 0
@@ -82,7 +88,8 @@ class LogState:
         self.live = 0
         self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
                          "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
-                         "checkpoint_skipped": 0, "regions_unordered": 0}
+                         "checkpoint_skipped": 0, "regions_unordered": 0,
+                         "reserve_reclaims": 0}
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -120,9 +127,11 @@ class LogState:
     def reset_index(self) -> None:
         """An empty index over all-FREE regions (once the superblock is known, before a
         checkpoint is loaded or a scan, or after a checkpoint failed)."""
-        self.index = NvmeIndex(self.grain)
+        self.index = NvmeIndex(self.grain, weigh=meta_weight)
         self.regions = RegionTable(self.region_count)
         self.live = 0
+        self.reserve.tally(self.regions, 0)
+        self.reserve.hold(self.index)
 
     def insert(self, key: bytes, region: Region, *, offset: int, length: int,
                meta: ObjectMeta, hits: int) -> None:
@@ -152,10 +161,12 @@ class LogState:
         """
         for index, seq in regions:
             other = self.regions[index]
-            if index != target.index and (
+            if index != target.index and index not in target.shadows and (
                 other.seq == seq or (not other.header_written and other.failed is not None)
             ):
                 target.shadows.add(index)
+                # the head's are counted already; another region's shadows grow only here
+                self.reserve.regions_bytes += self.reserve.shadow_bytes()
 
     def forget(self, key: bytes) -> Location | None:
         old = self.index.remove(key)

@@ -18,7 +18,7 @@ import asyncio
 import itertools
 
 from tierkv.errors import DeviceError
-from tierkv.formats.nvme_layout import padding_size, write_padding
+from tierkv.formats.nvme_layout import padding_size, write_padding, write_region_header
 from tierkv.tiers.nvme._regions import EARLIER, Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import LogState, log
 from tierkv.tiers.nvme._tasks import settle, spawn
@@ -49,6 +49,30 @@ class RegionWrites:
             for other in waiting:
                 other.shadows.discard(region.index)
         st.changed.set()  # `settle_superseded` may wait for either outcome
+
+    async def write_empty(self, region: Region, seq: int, waiting: list[Region]) -> None:
+        """Write a header of a new, empty use `seq` to the FREE `region` (reclaimed and kept
+        FREE for the checkpoint): its old records are stale on media then, and `waiting` no
+        longer wait for them. If the write fails the old header stands: `waiting` keep waiting
+        (until its next use's header is written) and it is reused like a failed region."""
+        st = self._st
+        _d, io, sb = st.dev_io()
+        buf = st.pool.acquire(st.align)
+        try:
+            write_region_header(buf.view, sb.uuid, seq, region.index, st.align)
+            await io.write(buf, st.offset(region.index), st.align, urgent=True)
+        except DeviceError as exc:
+            log.error("%s: writing the empty header of region %d failed: %s", st.name,
+                      region.index, exc)
+            if region.state is RegionState.FREE and region.failed is None:
+                region.failed = exc
+        else:
+            st.counters["bytes_written"] += st.align
+            for other in waiting:
+                other.shadows.discard(region.index)
+        finally:
+            st.pool.release(buf)
+        st.changed.set()
 
     async def write_sealed(self, region: Region) -> None:
         """The seal task of `region` (state SEALING); its end frees the seal slot, see
@@ -118,6 +142,7 @@ class RegionWrites:
             region.state, region.used = RegionState.SEALED, min(region.used, cut)
         else:
             region.shadows, region.state = set(), RegionState.FREE
+            st.reserve.free += 1
         st.drop(lost)  # last: the owner is told in a consistent state
 
     def retire_head(self, head: Region, exc: DeviceError) -> None:

@@ -14,11 +14,12 @@ memory; other reads go to the device through the IO backend, the entry's span ro
 whole blocks, into a pooled aligned buffer and the entry is copied out, so the caller owns what
 `get` returns. Deletes append a tombstone entry.
 
-Space: `capacity` is the region area (region count times region size). When no region is free,
-puts reclaim a whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read
-(``"lru"``) — that no read is using: its entries that were read at least `reinsert_hits` times
-since they were written are copied into the head, the rest are dropped and their keys returned
-by that `put` (keys dropped by a reclaim inside `delete`, or inside a `put` that was cancelled,
+Space: `capacity` is the region area (region count times region size) less the regions kept
+FREE for the checkpoint (see Recovery). When no region is free beyond those, puts reclaim a
+whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read (``"lru"``)
+— that no read is using: its entries that were read at least `reinsert_hits` times since they
+were written are copied into the head, the rest are dropped and their keys returned by that
+`put` (keys dropped by a reclaim inside `delete`, or inside a `put` that was cancelled,
 are returned by the next `put`). Every key the tier drops on its own (reclaim, a failed region
 write, an entry failing its checksum at `get`) is reported to the drop listener
 (`Tier.set_drop_listener`) on the loop, in the step that drops it, before anything else runs;
@@ -31,16 +32,24 @@ media is overwritten with ``format = true`` and refused (`DeviceError`) with ``f
 
 Recovery: a clean `close()` writes an index checkpoint (msgpack, checksummed) into free regions
 and records it in the superblock; `open` loads it when valid and at once clears it from the
-superblock (so a later crash scans). Otherwise the index is rebuilt by scanning region entry
-headers (`_scan`). Entries failing a checksum are never served: at scan they are dropped,
-at `get` the key becomes a miss; both are counted (``checksum_failures``). A crash never brings
-back a deleted, overwritten or dropped entry once the delete/overwrite was flushed: a region
-holding a record that supersedes one in an older region (an overwrite or a tombstone) is not
-reclaimed before that older region (`Region.shadows`; the oldest sealed region is always
-eligible, so LRU degrades towards FIFO only under heavy overwriting), and a region taken for
-reuse gets its new header written first of its writes (in the background, not holding puts),
-which makes its old records stale for the scan; regions superseding those records become
-reclaimable only once that write has completed.
+superblock (so a later crash scans). So that a full log has room for it, the log keeps as many
+regions FREE as an upper bound of the checkpoint of its current index needs (`_reserve`: per
+entry its key and metadata bytes plus a fixed part at the widest encodings, plus the regions
+table): a rotation reclaims a victim rather than take one of them, and a put that would make the
+checkpoint outgrow them first reclaims a victim into FREE (one region every time the bound
+crosses a region's worth; its hot entries go into the head where they fit). `capacity` leaves
+them out (as of the last rotation or such reclaim), and so does `room()`. The reservation is
+all or nothing: a log whose checkpoint would need more than the superblock can list, or leave
+fewer than two regions for data (a log of two regions), keeps none. Otherwise the index is
+rebuilt by scanning region entry headers (`_scan`). Entries failing a checksum are never
+served: at scan they are dropped, at `get` the key becomes a miss; both are counted
+(``checksum_failures``). A crash never brings back a deleted, overwritten or dropped entry once
+the delete/overwrite was flushed: a region holding a record that supersedes one in an older
+region (an overwrite or a tombstone) is not reclaimed before that older region
+(`Region.shadows`; the oldest sealed region is always eligible, so LRU degrades towards FIFO
+only under heavy overwriting), and a region taken for reuse gets its new header written first
+of its writes (in the background, not holding puts), which makes its old records stale for the
+scan; regions superseding those records become reclaimable only once that write has completed.
 A failed region write (EIO, ENOSPC...) loses only what it carried: the region up to its first
 failed piece is on media (earlier flushes stay true, live and after reopen) and stays SEALED with
 those entries (`RegionWrites.drop_failed`); later entries are dropped. Their records never
@@ -65,8 +74,9 @@ not finding that region (or a newer use of its index) drops every older region, 
 which of their records were superseded, keeps the newer ones and records a floor so later scans
 agree (``regions_unordered``; see `_recovery`). Damage to older regions alone goes undetected.
 Media shorter than the log opens with what is left: regions past its end are empty.
-When free regions cannot hold the checkpoint at close (or writing it fails), none is recorded
-and the next open scans.
+When free regions cannot hold the checkpoint at close (a log too small for the reservation, one
+whose every sealed region waited for another when it was to be restored, or writing it fails),
+none is recorded and the next open scans. A scan leaves a region whose use holds no entry FREE.
 
 Concurrency: every coroutine may run concurrently on one event loop; appends, deletes, reclaims,
 flushes and close's flush and checkpoint are serialised by one `asyncio.Lock`, reads are not.
@@ -150,7 +160,10 @@ class NvmeTier(Tier):
     # -- geometry --------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return self._st.region_count * self.config.region_size
+        """The region area less the regions kept FREE for the checkpoint (`_reserve`): it
+        changes as the index grows or shrinks, at rotations and at reclaims made for it."""
+        st = self._st
+        return (st.region_count - st.reserve.held) * self.config.region_size
 
     @property
     def used(self) -> int:
@@ -158,14 +171,16 @@ class NvmeTier(Tier):
 
     def room(self) -> int:
         """What appends may take before the log must reclaim a region (dropping what that held):
-        the rest of the head and the regions that hold nothing. Dead entries in sealed regions
-        are not room: their space comes back only with their region."""
+        the rest of the head and the regions that hold nothing, but those kept for the
+        checkpoint. Dead entries in sealed regions are not room: their space comes back only
+        with their region."""
         st = self._st
         in_use = sum(1 for region in st.regions if region.state is not RegionState.FREE)
         usable = self.config.region_size - st.align  # a region's header takes one block
         head = st.head
         rest = self.config.region_size - head.used if head is not None else 0
-        return max(st.regions.count - in_use, 0) * usable + max(rest, 0)
+        free = st.regions.count - in_use - st.reserve.held
+        return max(free, 0) * usable + max(rest, 0)
 
     def footprint(self, nbytes: int) -> int:
         return entry_size(HEADER_ALLOWANCE, nbytes, self._st.grain)
@@ -187,6 +202,8 @@ class NvmeTier(Tier):
         try:
             st.io = make_backend(self.config, device)
             await self._recovery.load_or_format(device)  # makes the index for the log's grain
+            st.reserve.tally(st.regions, st.regions.made)
+            st.reserve.hold(st.index)
             # the head and the regions being sealed each fill one region buffer: fault them in
             # now, not in the put that rotates the head (a 64 MiB prefault stalled the loop, and
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
@@ -378,6 +395,8 @@ class NvmeTier(Tier):
             "regions_free": st.regions.count - sum(s is not RegionState.FREE for s in states),
             # regions with bookkeeping in DRAM: those touched so far, not the capacity
             "regions_in_memory": st.regions.made,
+            # kept FREE for the checkpoint (left out of `capacity`)
+            "regions_reserved": st.reserve.held,
             "entries": len(st.index),
             "buffer_bytes_mapped": st.pool.mapped,
             "recovered_from": st.recovered_from,
