@@ -1,8 +1,20 @@
-"""A tier as the pure scheduler sees it, for policy tests: a size limit and a fill level."""
+"""What the pure scheduler sees, for policy tests: a tier (a size limit and a fill level) and an
+index entry."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Obj:
+    """An index entry as the scheduler reads it (`Copies`)."""
+
+    key: bytes
+    nbytes: int = 10
+    locations: Sequence[int] = field(default_factory=list)
+    generation: int = 1
 
 
 @dataclass

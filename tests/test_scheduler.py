@@ -3,12 +3,9 @@ plans the scheduler makes from them, and watermarks. No devices, no clock."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-
 import pytest
 
-from tests._shapes import Shape
+from tests._shapes import Obj, Shape
 from tierkv.config import SchedulerConfig
 from tierkv.scheduler import (
     Demote,
@@ -74,14 +71,6 @@ def test_the_durable_tier_is_the_first_persistent_one_that_fits() -> None:
     assert first_persistent_for(tiers, 50) == 2
     assert first_persistent_for(tiers, 5, start=2) == 2
     assert first_persistent_for(tiers[:1], 5) is None
-
-
-@dataclass
-class Obj:
-    key: bytes
-    nbytes: int = 10
-    locations: Sequence[int] = field(default_factory=list)
-    generation: int = 1
 
 
 def hierarchy() -> list[Shape]:

@@ -8,26 +8,15 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from tests._shapes import Shape
+from tests._shapes import Obj, Shape
 from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
 from tierkv.scheduler import Demote, Departure, Drop, Evict, Promote, Scheduler
 from tierkv.scheduler.admission import AdaptiveAdmission, FrequencySketch
 from tierkv.scheduler.scores import MIN_GHOSTS
-
-
-@dataclass
-class Obj:
-    """An index entry as the scheduler reads it (`Copies`)."""
-
-    key: bytes
-    nbytes: int = 10
-    locations: Sequence[int] = field(default_factory=list)
-    generation: int = 1
 
 
 def never(key: bytes) -> bool:

@@ -114,11 +114,9 @@ class ScoredPolicy:
             key = item[4]
             if current.get(key) != item[3]:
                 continue  # stale: the key was re-ranked or removed since
-            if protected(key):
-                skipped.append(item)
-            else:
+            if not protected(key):
                 victims.append(key)
-                skipped.append(item)  # stays the key's item until it is removed
+            skipped.append(item)  # a victim's item stays too: the key leaves when `remove`d
         for item in skipped:
             heapq.heappush(heap, item)
         return victims
