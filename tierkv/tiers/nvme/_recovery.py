@@ -181,6 +181,7 @@ class NvmeRecovery:
             for entry in scanned.found.entries:
                 if entry.tombstone:
                     st.shadow(region, st.forget(entry.key))
+                    st.counters["tombstones_applied"] += 1
                 else:
                     st.insert(entry.key, region, offset=entry.offset,
                               length=entry.length, meta=entry.meta, hits=0)
