@@ -33,22 +33,10 @@ class Lineage:
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def depth(self, key: bytes) -> int:
-        node = self._nodes.get(key)
-        return node.depth if node is not None else 0
-
     def children(self, key: bytes) -> list[bytes]:
         """The held or known blocks extending `key`."""
         node = self._nodes.get(key)
         return list(node.children) if node is not None and node.children else []
-
-    def orphaned(self, key: bytes) -> bool:
-        """Whether `key` names a parent that no tier holds."""
-        node = self._nodes.get(key)
-        if node is None or node.parent is None:
-            return False
-        parent = self._nodes.get(node.parent)
-        return parent is None or not parent.held
 
     def enter(self, key: bytes, parent: bytes | None) -> tuple[list[bytes], int, bool]:
         """`key` is now held, extending `parent` (or no chain); returns its children that had

@@ -39,58 +39,37 @@ class ScoredPolicy:
         return key in self._current
 
     def insert(self, key: bytes, now: float) -> None:
-        if self._track_idle:
-            self._recent[key] = now
-            self._recent.move_to_end(key)
-        self._push(key)
+        self.insert_scored(key, self._book.get(key), now)
 
     def touch(self, key: bytes, now: float) -> None:
         if key in self._current:
-            if self._track_idle:
-                self._recent[key] = now
-                self._recent.move_to_end(key)
-            self._push(key)
+            self.insert_scored(key, self._book.get(key), now)
 
-    def insert_scored(self, key: bytes, score: Score, now: float) -> None:
-        """`insert` of a key whose score the caller holds."""
+    def insert_scored(self, key: bytes, score: Score | None, now: float) -> None:
+        """`insert` of a key whose score the caller holds (one lookup fewer on the hot path)."""
         if self._track_idle:
             self._recent[key] = now
             self._recent.move_to_end(key)
-        self._sequence += 1
-        sequence = self._sequence
-        self._current[key] = sequence
-        heapq.heappush(self._heap, (0 if score.orphan else 1, self._book.rank(score),
-                                    -score.depth, sequence, key))
-        if len(self._heap) > 2 * len(self._current) + 1024:
-            self._compact()
+        self._push(key, score)
 
     def touch_scored(self, key: bytes, score: Score, now: float) -> None:
-        """`touch` of a key whose score the caller holds (one lookup fewer on the hot path)."""
-        current = self._current
-        if key in current:
-            if self._track_idle:
-                recent = self._recent
-                recent[key] = now
-                recent.move_to_end(key)
-            self._sequence += 1
-            sequence = self._sequence
-            current[key] = sequence
-            heapq.heappush(self._heap, (0 if score.orphan else 1, self._book.rank(score),
-                                        -score.depth, sequence, key))
-            if len(self._heap) > 2 * len(self._current) + 1024:
-                self._compact()
+        """`touch` of a key whose score the caller holds."""
+        if key in self._current:
+            self.insert_scored(key, score, now)
 
     def rerank(self, key: bytes) -> None:
         """`key`'s standing changed without an access (its parent came or went)."""
         if key in self._current:
-            self._push(key)
+            self._push(key, self._book.get(key))
 
     def remove(self, key: bytes) -> None:
         if self._current.pop(key, None) is not None and self._track_idle:
             self._recent.pop(key, None)
 
     def standing(self, key: bytes) -> tuple[int, float, int]:
-        score = self._book.get(key)
+        return self._standing(self._book.get(key))
+
+    def _standing(self, score: Score | None) -> tuple[int, float, int]:
         if score is None:
             return (0, float("-inf"), 0)
         return (0 if score.orphan else 1, self._book.rank(score), -score.depth)
@@ -129,10 +108,10 @@ class ScoredPolicy:
             stale.append(key)
         return stale
 
-    def _push(self, key: bytes) -> None:
+    def _push(self, key: bytes, score: Score | None) -> None:
         self._sequence += 1
         sequence = self._sequence
-        standing = self.standing(key)
+        standing = self._standing(score)
         self._current[key] = sequence
         heapq.heappush(self._heap, (standing[0], standing[1], standing[2], sequence, key))
         if len(self._heap) > 2 * len(self._current) + 1024:

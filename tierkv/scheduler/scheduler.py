@@ -111,7 +111,7 @@ class Scheduler:
         score = self.book.access(key, now)
         if score is None:
             return
-        held, index = score.tiers, 0
+        held, index = score.tiers, 0  # inline, not `Score.held`: this is every get's path
         while held:
             if held & 1:
                 self._scored[index].touch_scored(key, score, now)
@@ -136,12 +136,8 @@ class Scheduler:
             if score is None:
                 continue
             score.orphan = orphan
-            held, index = score.tiers, 0
-            while held:
-                if held & 1:
-                    self._scored[index].rerank(key)
-                held >>= 1
-                index += 1
+            for index in score.held():
+                self._scored[index].rerank(key)
 
     # -- placement ---------------------------------------------------------------------------
     def write_tier(self, nbytes: int, key: bytes = b"", now: float = 0.0,

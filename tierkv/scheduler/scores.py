@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 #: keys remembered after leaving the cache, per key held (4x: a simulation of the conversation
@@ -37,6 +38,15 @@ class Score:
     #: key touches one object: blocks before it, and whether its parent is in no tier
     depth: int = 0
     orphan: bool = False
+
+    def held(self) -> Iterator[int]:
+        """The tiers holding a copy, fastest first."""
+        held, index = self.tiers, 0
+        while held:
+            if held & 1:
+                yield index
+            held >>= 1
+            index += 1
 
 
 class ScoreBook:
