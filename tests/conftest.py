@@ -1,5 +1,5 @@
-"""Hardware markers: `gpu`, `pmem`, `uring`, `direct` and `native` tests skip with a printed
-reason where what they need is absent."""
+"""Hardware markers: `gpu`, `pmem`, `uring`, `direct`, `native` and `redis` tests skip with a
+printed reason where what they need is absent."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ from tierkv._platform import (
     libpmemobj_available,
     o_direct_supported,
 )
+from tierkv.testing.redis_server import redis_missing
+
+pytest_plugins = ["tests.redis_fixtures"]
 
 
 @functools.cache
@@ -50,6 +53,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"uring: {reason}")
     if item.get_closest_marker("native") and (reason := native_pmem_missing()):
         pytest.skip(f"native: {reason}")
+    if item.get_closest_marker("redis") and (reason := redis_missing()):
+        pytest.skip(f"redis: {reason}")
     if item.get_closest_marker("direct"):
         # tmp_path lies under the base temporary directory
         base = item.config.getoption("basetemp") or tempfile.gettempdir()
