@@ -39,6 +39,7 @@ from tierkv.config import (
     GpuTierConfig,
     NvmeTierConfig,
     PmemTierConfig,
+    RedisTierConfig,
     TierConfig,
     TierKind,
 )
@@ -136,6 +137,9 @@ def capacity_point(config: Config, total_bytes: int, block_size: int, policy: Re
             resized: TierConfig
             if isinstance(tier, GpuTierConfig):
                 resized, capacity, raised = _resized_gpu(tier, share_bytes, block_size)
+            elif isinstance(tier, RedisTierConfig):
+                raise ConfigError(f"--trace: tier {tier.name!r} is a shared redis tier; replay "
+                                  "a trace on local tiers only")
             else:
                 scratch_dirs.append(scratch := _scratch_dir(tier))
                 resized, capacity, raised = _resized_persistent(tier, share_bytes, scratch)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 from tierkv._units import parse_duration, parse_size
+from tierkv.config._redis import parse_redis_tier
 from tierkv.config.machine import check_device, check_memory, check_path, check_room
 from tierkv.config.schema import (
     DEFAULT_FREE_HIGH,
@@ -267,6 +268,8 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         low, high = _watermarks(t)
         tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0),
                              free_low=low, free_high=high, **_profile(t))
+    elif kind is TierKind.REDIS:
+        tier = parse_redis_tier(t, name, capacity)
     elif kind is TierKind.PMEM:
         pool = check_path(t, "path", t.string("path"), TierKind.PMEM)
         if capacity < MIN_PMEM_POOL:
@@ -332,6 +335,12 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
     names: dict[str, int] = {}
     paths: dict[Path, int] = {}
     for index, tier in enumerate(tiers):
+        if tier.kind is TierKind.REDIS and index == 0:
+            raise ConfigError(f"tiers[{index}].kind: the redis tier is shared by engines; it "
+                              "comes after at least one local tier")
+        if tier.kind is TierKind.REDIS and index != len(tiers) - 1:
+            raise ConfigError(f"tiers[{index}].kind: the redis tier is shared by engines and "
+                              "must come last in the hierarchy")
         if tier.name in names:
             first = names[tier.name]
             raise ConfigError(f"tiers[{index}].name: {tier.name!r} is taken by tiers[{first}]")

@@ -17,6 +17,7 @@ class TierKind(enum.Enum):
     GPU = "gpu"
     PMEM = "pmem"
     NVME = "nvme"
+    REDIS = "redis"
 
 
 MIN_PMEM_POOL = 8 << 20  # PMEMOBJ_MIN_POOL in PMDK 1.12
@@ -134,7 +135,58 @@ class NvmeTierConfig:
     kind: TierKind = field(default=TierKind.NVME, init=False)
 
 
-TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig
+@dataclass(frozen=True, slots=True)
+class RedisTierConfig:
+    """The shared tier on a Redis server (`url`) or a Redis Cluster (`cluster`); exactly one
+    of the two. `url` may carry a user and password; it is kept out of reprs, logs and
+    `tierkv info` (`display_url` shows it without them)."""
+
+    name: str
+    #: bytes this engine may place on the server (accounting is per engine)
+    capacity: int
+    url: str | None = field(default=None, repr=False)
+    cluster: tuple[str, ...] = ()
+    #: the environment variable holding the password (read when the tier opens)
+    password_env: str | None = None
+    key_prefix: str = "tierkv:"
+    #: seconds the server keeps an object after its put (server-side expiry); None: no limit
+    ttl: float | None = None
+    pool_size: int = 16
+    #: seconds any one call to the server may take before it counts as failed
+    timeout: float = 1.0
+    #: keys one pipelined round trip of `get_many` asks for at most
+    batch: int = 256
+    #: seconds of invalidations the shared log keeps for engines that were away
+    retention: float = 86400.0
+    latency: float | None = None
+    bandwidth: int | None = None
+    kind: TierKind = field(default=TierKind.REDIS, init=False)
+
+    @property
+    def display_url(self) -> str:
+        """Where the tier connects, without credentials."""
+        if self.url is None:
+            return "cluster " + ",".join(self.cluster)
+        return redact_url(self.url)
+
+
+def redact_url(url: str) -> str:
+    """`url` with any user and password removed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    host = authority.rpartition("@")[2]
+    return f"{scheme}://{host}{slash}{path}"
+
+
+TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig | RedisTierConfig
+
+
+def idle_ttl(tier: TierConfig) -> float | None:
+    """Seconds an unread object may stay in `tier` before the engine moves it on (a redis
+    tier's `ttl` is the server's expiry instead, which the engine does not run)."""
+    return None if isinstance(tier, RedisTierConfig) else tier.ttl
 #: bounds of `NvmeTierConfig.sq_poll` (the kernel takes whole milliseconds)
 SQ_POLL_MIN = 0.001
 SQ_POLL_MAX = 10.0

@@ -73,6 +73,10 @@ class Tier(ABC):
     #: the tier frees space itself (whole regions) and reports what it dropped, instead of
     #: raising `TierFullError` for the owner to evict; the engine runs no evictor for it
     reclaims_space: ClassVar[bool] = False
+    #: other engines read and write the tier too (the redis tier): the engine looks up its
+    #: local misses there, copies every put there in the background, and never moves an
+    #: object out of it (a promotion copies)
+    shared: ClassVar[bool] = False
     #: requests in flight at once in `get_many` (tiers set it from their queue depth)
     queue_depth: int = 32
 
@@ -189,6 +193,11 @@ class Tier(ABC):
     @abstractmethod
     def keys(self) -> Iterator[bytes]:
         """The keys held now (a snapshot; safe to mutate the tier while iterating)."""
+
+    def forget(self, key: bytes) -> bool:
+        """Stop holding `key` without deleting it (shared tiers only: another engine's
+        invalidation); whether it was held."""
+        raise NotImplementedError(f"a {self.kind.value} tier is not shared")
 
     async def flush(self) -> None:
         """Make everything put so far durable (a no-op for volatile tiers)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TypeGuard
 
-from tierkv.config import GpuTierConfig, NvmeTierConfig, PmemTierConfig, TierConfig
+from tierkv.config import GpuTierConfig, NvmeTierConfig, PmemTierConfig, RedisTierConfig, TierConfig
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
 from tierkv.tiers._wipe import Wiped, wipe_media
 from tierkv.tiers.base import Tier
@@ -27,6 +27,10 @@ def make_tier(config: TierConfig) -> Tier:
         from tierkv.tiers.nvme import NvmeTier
 
         return NvmeTier(config)
+    if isinstance(config, RedisTierConfig):
+        from tierkv.tiers.redis import RedisTier
+
+        return RedisTier(config)
     raise TypeError(f"not a tier config: {config!r}")
 
 

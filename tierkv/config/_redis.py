@@ -1,0 +1,67 @@
+"""Parsing of a ``kind = "redis"`` tier table (the shared tier): where the server is, how to
+authenticate, and the client's bounds. Nothing here connects; the tier checks the server when
+it opens."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING
+
+from tierkv.config.schema import RedisTierConfig
+
+if TYPE_CHECKING:
+    from tierkv.config.loading import _Table
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+_NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: the longest key prefix (a key's prefix is repeated in every key on the server)
+MAX_KEY_PREFIX = 256
+
+
+def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
+    url = t.raw("url", None)
+    cluster = t.raw("cluster", None)
+    if (url is None) == (cluster is None):
+        raise t.error("url", 'give exactly one of url = "redis://host:port" and '
+                             'cluster = ["host:port", ...]')
+    nodes: tuple[str, ...] = ()
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(_SCHEMES):
+            # the value itself is not echoed: it may carry a password
+            raise t.error("url", "expected a redis://, rediss:// or unix:// URL")
+    else:
+        nodes = _cluster_nodes(t, cluster)
+    password_env = t.raw("password_env", None)
+    if password_env is not None:
+        if not isinstance(password_env, str) or not _ENV_NAME.match(password_env):
+            raise t.error("password_env", "expected the name of an environment variable")
+        if password_env not in os.environ:
+            raise t.error("password_env", f"the environment variable {password_env} is not set")
+    prefix = t.string("key_prefix", "tierkv:")
+    if len(prefix.encode()) > MAX_KEY_PREFIX:
+        raise t.error("key_prefix", f"longer than {MAX_KEY_PREFIX} bytes")
+    if "{" in prefix or "}" in prefix:
+        # a hash tag would send every key of the tier to one cluster slot
+        raise t.error("key_prefix", "must not contain { or } (cluster hash tags)")
+    return RedisTierConfig(
+        name, capacity, url=url, cluster=nodes, password_env=password_env, key_prefix=prefix,
+        ttl=t.duration_or_off("ttl"),
+        pool_size=t.integer("pool_size", 16, low=1, high=4096),
+        timeout=t.duration("timeout", 1.0),
+        batch=t.integer("batch", 256, low=1, high=65536),
+        retention=t.duration("retention", 86400.0),
+        latency=None if t.raw("latency", "probe") == "probe" else t.duration("latency", 0.0),
+        bandwidth=None if t.raw("bandwidth", "probe") == "probe" else t.size("bandwidth", 0),
+    )
+
+
+def _cluster_nodes(t: _Table, cluster: object) -> tuple[str, ...]:
+    if not isinstance(cluster, list) or not cluster:
+        raise t.error("cluster", 'expected a list of "host:port" nodes')
+    for node in cluster:
+        match = _NODE.match(node) if isinstance(node, str) else None
+        if match is None or not 0 < int(match["port"]) < 65536:
+            raise t.error("cluster", f'{node!r} is not "host:port"')
+    return tuple(cluster)

@@ -1,0 +1,68 @@
+"""The redis-py asyncio client of a redis tier: standalone (`url`) or Redis Cluster (`cluster`).
+
+Built from the config alone, connected by the tier's open. Credentials come from the URL or from
+the environment variable the config names; neither is ever put into a message: errors name the
+server by `RedisTierConfig.display_url`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from tierkv.config import RedisTierConfig
+from tierkv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.cluster import RedisCluster
+
+
+
+def import_client() -> Any:
+    """The `redis` package, or a `ConfigError` saying how to install it."""
+    try:
+        import redis.asyncio
+        import redis.asyncio.retry
+        import redis.backoff
+    except ImportError:
+        raise ConfigError("the redis tier needs redis-py: pip install 'tierkv[redis]'") from None
+    return redis
+
+
+def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
+    """An unconnected client for `config` (connections open on first use)."""
+    redis = import_client()
+    password = os.environ.get(config.password_env) if config.password_env else None
+    options: dict[str, Any] = {
+        "socket_timeout": config.timeout,
+        "socket_connect_timeout": config.timeout,
+        "max_connections": config.pool_size,
+        # the tier bounds and reports every call itself; retrying inside the client would
+        # stretch a call past its timeout
+        "retry": redis.asyncio.retry.Retry(redis.backoff.NoBackoff(), 0),
+    }
+    if password is not None:
+        options["password"] = password
+    if config.url is not None:
+        try:
+            client: Redis = redis.asyncio.Redis.from_url(config.url, **options)
+        except ValueError as exc:  # redis-py's message quotes the scheme, not the credentials
+            raise ConfigError(f"tiers.{config.name}.url: {exc}") from None
+        return client
+    from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+    nodes = []
+    for node in config.cluster:
+        host, _, port = node.rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    # `retry` (no retries) is the cluster client's own retry too
+    return RedisCluster(startup_nodes=nodes, **options)
+
+
+def hiredis_available() -> bool:
+    try:
+        from redis.utils import HIREDIS_AVAILABLE
+    except ImportError:
+        return False
+    return bool(HIREDIS_AVAILABLE)

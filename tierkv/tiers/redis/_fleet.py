@@ -1,0 +1,206 @@
+"""The fleet's invalidation log: a Redis stream under the tier's `key_prefix`.
+
+Every engine sharing a server appends what it invalidates (the keys its cascade removed, the
+invalidated key itself first) and follows what the others append. A stream rather than pub/sub
+because an engine that was disconnected reads on from where it stopped: it misses nothing that
+the stream still holds (entries older than `retention` are trimmed).
+
+Entry ids order everything. An id ``ms-seq`` (server time) is used as the integer
+``ms << 20 | seq`` (`entry_order`). Each engine keeps a *cursor*: the order of the last entry
+whose invalidations it has applied to its own tiers. A record it writes to the shared tier is
+stamped with that cursor (`tierkv.formats.shared_record`), so a record is stale exactly when an
+entry that invalidates its key or one of its ancestors is ordered after its stamp: its writer
+had not applied that invalidation when it wrote the record. No clocks are compared. An engine
+that publishes waits until its own entry has come back through its follower (`publish`), so its
+next records are stamped after it.
+
+`tombs` maps each key the retained log invalidated to the order of the latest entry naming it.
+`horizon`: entries up to this order were trimmed; a record stamped before it cannot be checked
+and is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import msgpack
+
+from tierkv.config import RedisTierConfig
+from tierkv.errors import DeviceError
+
+log = logging.getLogger("tierkv.tiers.redis")
+T = TypeVar("T")
+Call = Callable[[Awaitable[Any]], Awaitable[Any]]
+#: called with the keys another engine invalidated; returns once they are gone here
+Listener = Callable[[list[bytes]], Awaitable[None]]
+#: called when entries this engine had not read were trimmed away: it cannot know what it missed
+LostListener = Callable[[], Awaitable[None]]
+_SEQ_BITS = 20
+#: entries one read of the log takes at most
+_PAGE = 512
+#: the longest the follower waits before trying a lost connection again
+_MAX_BACKOFF = 2.0
+
+
+def entry_order(entry_id: bytes | str) -> int:
+    """The integer order of a stream entry id ``ms-seq``."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return (int(ms) << _SEQ_BITS) | min(int(seq or 0), (1 << _SEQ_BITS) - 1)
+
+
+def _entry_id(order: int) -> str:
+    return f"{order >> _SEQ_BITS}-{order & ((1 << _SEQ_BITS) - 1)}"
+
+
+class Fleet:
+    def __init__(self, config: RedisTierConfig, client: Any, call: Call) -> None:
+        self._config = config
+        self._client = client
+        self._call = call
+        self.stream = config.key_prefix.encode() + b"invalidations"
+        #: this engine's mark on its entries, so that its follower does not apply them twice
+        self.origin = os.urandom(8)
+        self.tombs: dict[bytes, int] = {}
+        self.horizon = 0
+        self.cursor = 0
+        self._listener: Listener | None = None
+        self._lost: LostListener | None = None
+        self._advanced = asyncio.Condition()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = True
+        self._counters = {"invalidations_published": 0, "invalidations_received": 0,
+                          "keys_invalidated_remotely": 0, "log_reconnects": 0,
+                          "log_history_lost": 0}
+
+    def set_listeners(self, listener: Listener | None, lost: LostListener | None) -> None:
+        self._listener, self._lost = listener, lost
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Read the retained log (tombs, horizon, cursor), then follow it in the background."""
+        await self._read_horizon()
+        while await self._read_page(block=False):
+            pass
+        self._task = asyncio.get_running_loop().create_task(self._follow())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- publishing --------------------------------------------------------------------------
+    async def publish(self, keys: Sequence[bytes]) -> None:
+        """Append an entry invalidating `keys`, then wait (at most the tier's timeout) until the
+        follower has read it back, so that records written from now on are stamped after it."""
+        if not keys:
+            return
+        trim = max(int((time.time() - self._config.retention) * 1000), 0)
+        fields = {b"o": self.origin, b"k": msgpack.packb(list(keys), use_bin_type=True)}
+        entry_id = await self._call(self._client.xadd(
+            self.stream, fields, minid=trim, approximate=True))
+        order = entry_order(entry_id)
+        self._tomb(keys, order)
+        self._counters["invalidations_published"] += 1
+        try:
+            async with asyncio.timeout(self._config.timeout):
+                async with self._advanced:
+                    await self._advanced.wait_for(lambda: self.cursor >= order)
+        except TimeoutError:
+            log.warning("the shared tier's invalidation log did not come back within %gs",
+                        self._config.timeout)
+
+    def stale(self, stamp: int, keys: Sequence[bytes]) -> bool:
+        """Whether a record stamped `stamp` whose key and ancestors are `keys` predates an
+        invalidation of any of them, or the log's horizon."""
+        if stamp < self.horizon:
+            return True
+        tombs = self.tombs
+        return any(tombs.get(key, -1) > stamp for key in keys)
+
+    def _tomb(self, keys: Sequence[bytes], order: int) -> None:
+        for key in keys:
+            if self.tombs.get(key, -1) < order:
+                self.tombs[key] = order
+
+    # -- following ---------------------------------------------------------------------------
+    async def _follow(self) -> None:
+        backoff = 0.05
+        while True:
+            try:
+                if not self.connected:
+                    await self._read_horizon()
+                    self.connected = True
+                    self._counters["log_reconnects"] += 1
+                    log.info("the shared tier's invalidation log is reachable again")
+                await self._read_page(block=True)
+                backoff = 0.05
+            except DeviceError as exc:
+                if self.connected:
+                    log.warning("the shared tier's invalidation log is unreachable: %s", exc)
+                self.connected = False
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+            except Exception:  # a defect: say so, keep following
+                log.exception("following the shared tier's invalidation log failed")
+                await asyncio.sleep(_MAX_BACKOFF)
+
+    async def _read_page(self, *, block: bool) -> bool:
+        """Apply the next entries after the cursor; whether there were any."""
+        wait = max(int(self._config.timeout * 500), 1) if block else None
+        answer = await self._call(self._client.xread(
+            {self.stream: _entry_id(self.cursor)}, count=_PAGE, block=wait))
+        entries = answer.get(self.stream, [[]])[0] if isinstance(answer, dict) else (
+            answer[0][1] if answer else [])
+        for entry_id, fields in entries:
+            await self._apply(entry_order(entry_id), fields)
+        return bool(entries)
+
+    async def _apply(self, order: int, fields: dict[bytes, bytes]) -> None:
+        try:
+            keys = msgpack.unpackb(fields[b"k"], raw=True, use_list=True)
+            if not isinstance(keys, list) or not all(isinstance(k, bytes) for k in keys):
+                raise ValueError("not a list of keys")
+        except (KeyError, ValueError, msgpack.ExtraData, msgpack.FormatError,
+                msgpack.StackError) as exc:
+            log.warning("skipping a malformed entry of the invalidation log: %s", exc)
+            keys = []
+        self._tomb(keys, order)
+        if keys and fields.get(b"o") != self.origin:
+            self._counters["invalidations_received"] += 1
+            self._counters["keys_invalidated_remotely"] += len(keys)
+            if self._listener is not None:
+                await self._listener(keys)
+        async with self._advanced:
+            self.cursor = max(self.cursor, order)
+            self._advanced.notify_all()
+
+    async def _read_horizon(self) -> None:
+        """Learn what was trimmed; if entries this engine had not read are gone, it cannot
+        know what they invalidated: the lost listener clears what it holds."""
+        if not await self._call(self._client.exists(self.stream)):
+            return  # no engine has published yet
+        info = await self._call(self._client.xinfo_stream(self.stream))
+        trimmed = info.get("max-deleted-entry-id") or info.get(b"max-deleted-entry-id")
+        horizon = entry_order(trimmed) if trimmed else 0
+        lost = horizon > self.cursor and self.cursor > 0
+        self.horizon = max(self.horizon, horizon)
+        if lost:
+            self._counters["log_history_lost"] += 1
+            log.warning("invalidations this engine had not read were trimmed from the shared "
+                        "log: dropping the objects it holds")
+            if self._lost is not None:
+                await self._lost()
+            async with self._advanced:
+                self.cursor = max(self.cursor, horizon)
+                self._advanced.notify_all()
+
+    def stats(self) -> dict[str, Any]:
+        return {**self._counters, "log_connected": self.connected, "log_cursor": self.cursor,
+                "log_horizon": self.horizon, "tombs": len(self.tombs)}

@@ -1,0 +1,294 @@
+"""The shared tier on Redis or Redis Cluster: the last level, common to every engine of a fleet.
+
+Each object is one string value: the record of `tierkv.formats.shared_record` (header + payload)
+under ``key_prefix + b"o:" + canonical key``, so tenants (whose namespaces are in every
+`BlockKey` digest) and deployments (`key_prefix`) never see each other's objects. A value that
+does not decode as the record of its key is a counted miss, never bytes.
+
+What this engine holds here (`held`) is what it wrote or adopted; `used` and `capacity` count
+those only, so the accounting is per engine: engines sharing a server each stay within their
+own share, and the server's `maxmemory` policy or the `ttl` bounds the whole. Another engine
+may delete or overwrite an object at any time; a get then misses, or finds a record with
+another write stamp, which is a miss too (the engine adopts the newer record on its next
+lookup). `fetch_many` reads objects this engine does not hold (the engine's lookups of its
+local misses, one pipelined round trip per `batch` keys) and `adopt` takes one into `held`.
+
+Every call is bounded by the config's `timeout`; a server that is down, slow or answers with an
+error raises `DeviceError` (the engine then misses, or falls through to another tier); redis-py
+reconnects by itself on the next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from tierkv.config import RedisTierConfig, TierKind
+from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
+from tierkv.formats.shared_record import SharedRecord, decode_record, encode_record
+from tierkv.formats.value import ObjectMeta, Payload, payload_view
+from tierkv.tiers.base import RecoveredObject, Tier
+from tierkv.tiers.redis._client import hiredis_available, import_client, make_client
+from tierkv.tiers.redis._fleet import Fleet
+
+T = TypeVar("T")
+#: bytes the server spends per object beyond the payload: the record header (with the key and
+#: its parents) and Redis's own key and value overhead, as `footprint` counts it
+RECORD_OVERHEAD = 256
+
+
+@dataclass(slots=True)
+class _Held:
+    """What this engine knows of its copy on the server: the engine's generation, and the
+    record's stamp and payload checksum (a record with others was written by another engine)."""
+
+    generation: int
+    stamp: int
+    checksum: int
+    footprint: int
+
+
+class RedisTier(Tier):
+    kind: ClassVar[TierKind] = TierKind.REDIS
+    shared: ClassVar[bool] = True
+
+    def __init__(self, config: RedisTierConfig) -> None:
+        super().__init__(config.name)
+        self.config = config
+        self.queue_depth = config.pool_size
+        self._prefix = config.key_prefix.encode()
+        self._client: Any = None
+        self._held: dict[bytes, _Held] = {}
+        self._used = 0
+        self.fleet: Fleet | None = None
+        #: calls in flight at once: redis-py's pools raise `MaxConnectionsError` rather than wait
+        #: for a connection, and the fleet's blocking read holds one of them
+        self._slots = asyncio.Semaphore(config.pool_size)
+        self._counters = {"hits": 0, "misses": 0, "corrupt": 0, "superseded": 0,
+                          "lookups": 0, "lookup_hits": 0, "round_trips": 0, "errors": 0}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def _open(self) -> list[RecoveredObject]:
+        import_client()
+        self._client = make_client(self.config)
+        try:
+            await self._call(self._client.ping())
+        except DeviceError:
+            await self._disconnect()
+            raise
+        self.fleet = Fleet(self.config, self._client, self._call)
+        await self.fleet.start()
+        return []
+
+    async def _close(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.stop()
+        await self._disconnect()
+
+    async def _disconnect(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # a broken connection: nothing to release
+                await client.aclose()
+
+    # -- calls -------------------------------------------------------------------------------
+    async def _call(self, call: Awaitable[T]) -> T:
+        """`call`, bounded by the timeout; a failure of the server or the network is a
+        `DeviceError` naming the server (never its credentials)."""
+        redis = import_client()
+        try:
+            async with asyncio.timeout(self.config.timeout), self._slots:
+                return await call
+        except TimeoutError:
+            self._counters["errors"] += 1
+            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
+                              f"answer within {self.config.timeout:g}s") from None
+        except redis.exceptions.RedisError as exc:
+            self._counters["errors"] += 1
+            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        except OSError as exc:
+            self._counters["errors"] += 1
+            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url}: "
+                              f"{exc}") from None
+        finally:
+            if isinstance(call, Coroutine):
+                call.close()  # never awaited: it timed out or was cancelled waiting for a slot
+
+    def server_key(self, key: bytes) -> bytes:
+        return self._prefix + b"o:" + key
+
+    # -- space -------------------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        return self.config.capacity
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    def footprint(self, nbytes: int) -> int:
+        return nbytes + RECORD_OVERHEAD
+
+    # -- data path ---------------------------------------------------------------------------
+    async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
+        self._check_open()
+        footprint = self.footprint(meta.nbytes)
+        previous = self._held.get(key)
+        if self._used - (previous.footprint if previous else 0) + footprint > self.capacity:
+            raise TierFullError(f"redis tier {self.name!r} has no room for {meta.nbytes} bytes")
+        assert self.fleet is not None
+        stamp = self.fleet.cursor
+        view = payload_view(payload)
+        record, payload_checksum = encode_record(key, meta, view, stamp)
+        ttl = self.config.ttl
+        command = (self._client.set(self.server_key(key), record, px=int(ttl * 1000))
+                   if ttl is not None else self._client.set(self.server_key(key), record))
+        self._counters["round_trips"] += 1
+        # what was held goes first: a failed or cancelled put may have replaced it on the server
+        self._forget(key)
+        await self._call(command)
+        self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint))
+        return ()
+
+    async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
+        self._check_open()
+        held = self._held.get(key)
+        if held is None:
+            self._counters["misses"] += 1
+            return None
+        self._counters["round_trips"] += 1
+        value = await self._call(self._client.get(self.server_key(key)))
+        return self._served(key, held, value)
+
+    async def get_many(self, keys: Sequence[bytes]) -> list[tuple[ObjectMeta, Payload] | None]:
+        """One pipelined round trip per `batch` keys held here (the others miss at once)."""
+        self._check_open()
+        asked = [key for key in keys if key in self._held]
+        values = dict(zip(asked, await self._mget(asked), strict=True))
+        results: list[tuple[ObjectMeta, Payload] | None] = []
+        for key in keys:
+            held = self._held.get(key)
+            if held is None or key not in values:
+                self._counters["misses"] += 1
+                results.append(None)
+            else:
+                results.append(self._served(key, held, values[key]))
+        return results
+
+    def _served(self, key: bytes, held: _Held, value: bytes | None
+                ) -> tuple[ObjectMeta, Payload] | None:
+        if self._held.get(key) is not held:  # deleted or replaced while we read
+            self._counters["misses"] += 1
+            return None
+        record = self._decoded(key, value)
+        if record is None or (record.stamp, record.checksum) != (held.stamp, held.checksum):
+            if record is not None:
+                self._counters["superseded"] += 1  # another engine wrote the key since
+            self._forget(key)
+            self._counters["misses"] += 1
+            return None
+        self._counters["hits"] += 1
+        return record.meta.with_generation(held.generation), record.payload
+
+    def _decoded(self, key: bytes, value: bytes | None) -> SharedRecord | None:
+        if value is None:
+            return None
+        try:
+            return decode_record(key, value)
+        except CorruptObjectError:
+            self._counters["corrupt"] += 1
+            return None
+
+    async def _mget(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of `keys`, `batch` per pipelined round trip."""
+        values: list[bytes | None] = []
+        batch = self.config.batch
+        for start in range(0, len(keys), batch):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys[start:start + batch]:
+                pipe.get(self.server_key(key))
+            self._counters["round_trips"] += 1
+            values.extend(await self._call(pipe.execute()))
+        return values
+
+    async def fetch_many(self, keys: Sequence[bytes]) -> list[SharedRecord | None]:
+        """Records of keys this engine does not hold (its local misses), for `adopt`: one
+        pipelined round trip per `batch` keys; a value that is not a record of its key is a
+        counted miss."""
+        self._check_open()
+        self._counters["lookups"] += len(keys)
+        records = [self._decoded(key, value)
+                   for key, value in zip(keys, await self._mget(keys), strict=True)]
+        self._counters["lookup_hits"] += sum(record is not None for record in records)
+        return records
+
+    def adopt(self, key: bytes, generation: int, record: SharedRecord) -> None:
+        """Hold `record` (fetched by `fetch_many`) as this engine's copy of `key`, under the
+        engine's `generation`."""
+        self._forget(key)
+        self._hold(key, _Held(generation, record.stamp, record.checksum,
+                              self.footprint(record.meta.nbytes)))
+
+    def forget(self, key: bytes) -> bool:
+        """Stop holding `key` without deleting it on the server (another engine invalidated
+        it: its record there is that engine's to delete, or newer than the invalidation)."""
+        return self._forget(key)
+
+    async def delete(self, key: bytes) -> bool:
+        self._check_open()
+        existed = self._forget(key)
+        self._counters["round_trips"] += 1
+        removed = await self._call(self._client.unlink(self.server_key(key)))
+        return existed or bool(removed)
+
+    async def delete_many(self, keys: Sequence[bytes]) -> None:
+        """Delete `keys` on the server whether held here or not (a fleet invalidation), one
+        pipelined round trip per `batch`."""
+        self._check_open()
+        for key in keys:
+            self._forget(key)
+        batch = self.config.batch
+        for start in range(0, len(keys), batch):
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys[start:start + batch]:
+                pipe.unlink(self.server_key(key))
+            self._counters["round_trips"] += 1
+            await self._call(pipe.execute())
+
+    async def contains(self, key: bytes) -> bool:
+        self._check_open()
+        if key not in self._held:
+            return False
+        return bool(await self._call(self._client.exists(self.server_key(key))))
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(list(self._held))
+
+    def _hold(self, key: bytes, held: _Held) -> None:
+        self._held[key] = held
+        self._used += held.footprint
+
+    def _forget(self, key: bytes) -> bool:
+        held = self._held.pop(key, None)
+        if held is None:
+            return False
+        self._used -= held.footprint
+        return True
+
+    # -- introspection -----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        stats = super().stats()
+        stats.update(self._counters, held=len(self._held), shared=True)
+        if self.fleet is not None:
+            stats.update(self.fleet.stats())
+        return stats
+
+    def describe(self) -> dict[str, str]:
+        mode = "cluster" if self.config.url is None else "standalone"
+        return {"server": self.config.display_url, "mode": mode,
+                "client": "redis-py asyncio" + (" + hiredis" if hiredis_available() else ""),
+                "key prefix": self.config.key_prefix}
