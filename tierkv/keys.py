@@ -185,3 +185,15 @@ def version_key(model: str) -> bytes:
 def is_block_key(raw: bytes) -> bool:
     """Whether canonical key bytes are a `BlockKey`'s."""
     return bool(raw) and raw[0] == _TAG_BLOCK
+
+
+#: the tag of objects the engine keeps for itself in a persistent tier (no public key encodes
+#: to it, and the engine never indexes them)
+_TAG_ENGINE = 0xFD
+#: where an engine with a shared tier keeps its cursor in the fleet's invalidation log
+FLEET_CURSOR_KEY = bytes((_TAG_ENGINE,)) + b"fleet-cursor"
+
+
+def is_engine_key(raw: bytes) -> bool:
+    """Whether canonical key bytes name an object the engine keeps for itself."""
+    return bool(raw) and raw[0] == _TAG_ENGINE

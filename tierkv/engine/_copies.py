@@ -144,10 +144,19 @@ class CopyOps:
             claim.clear(tier)
         return last
 
-    async def discard(self, entry: IndexEntry, claim: Claim) -> None:
-        """Delete every copy of an entry already detached from the index."""
+    async def discard(self, entry: IndexEntry, claim: Claim, *, keep_shared: bool = False
+                      ) -> None:
+        """Delete every copy of an entry already detached from the index; `keep_shared`: the
+        shared tier's copy is only forgotten, not deleted (another engine invalidated it)."""
+        st = self._st
         for tier in list(entry.locations):
-            await self.remove(entry, tier, claim)
+            device = st.tiers[tier]
+            if keep_shared and device.shared:
+                st.index.remove_copy(entry, tier)
+                device.forget(entry.key)
+                st.spaces[tier].freed()
+            else:
+                await self.remove(entry, tier, claim)
 
     async def delete(self, key: bytes, tier: int) -> bool:
         """Delete `key` in `tier`; False (logged, counted) if the tier failed."""

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from tierkv.engine._moves import Moves
 from tierkv.engine._state import EngineState
 from tierkv.errors import TierKVError
-from tierkv.scheduler import Plan, Promote, departs_from
+from tierkv.scheduler import Plan, Promote, Share, departs_from
 
 log = logging.getLogger("tierkv.engine")
 
@@ -45,7 +45,8 @@ class MoveExecutor:
     def __init__(self, state: EngineState, moves: Moves) -> None:
         self._st = state
         self._moves = moves
-        #: lane i: departures from tier i; the last lane: promotions (which never wait for room)
+        #: lane i: departures from tier i; the last lane: promotions and shares (which never wait
+        #: for room)
         self._lanes = [_Lane() for _ in range(len(state.tiers) + 1)]
         self._idle = asyncio.Event()
         self._idle.set()
@@ -63,7 +64,7 @@ class MoveExecutor:
         """Run `plan` in the background; its entry must already be marked `moving`.
         `background`: no write waits for it (expiry, promotion): it is paced by
         `background_bandwidth` too."""
-        lane = self._lanes[-1 if isinstance(plan, Promote) else departs_from(plan)]
+        lane = self._lanes[-1 if isinstance(plan, Promote | Share) else departs_from(plan)]
         lane.queue.append((plan, background, done))
         self.in_flight += 1
         self._idle.clear()
@@ -98,7 +99,7 @@ class MoveExecutor:
             failed = True
             st.counters.moves_failed += 1
             log.warning("moving an object failed, it stays where it was: %s", exc)
-            tier = plan.source if isinstance(plan, Promote) else departs_from(plan)
+            tier = plan.source if isinstance(plan, Promote | Share) else departs_from(plan)
             st.scheduler.accessed(tier, plan.key, st.now())
         except Exception:  # a defect: keep the worker, say where
             failed = True

@@ -47,11 +47,14 @@ class IndexEntry:
 class Index:
     """Keys → entries, with the policies and the unflushed set kept in step (see the module)."""
 
-    def __init__(self, persistent: Sequence[bool], scheduler: Scheduler, dag: Dag) -> None:
+    def __init__(self, persistent: Sequence[bool], scheduler: Scheduler, dag: Dag,
+                 shared: int | None = None) -> None:
         self._entries: dict[bytes, IndexEntry] = {}
         #: published entries no persistent tier holds a copy of: what `flush` must write down
+        #: (not those held only by the shared tier: objects adopted from the fleet)
         self._volatile: dict[bytes, IndexEntry] = {}
         self._persistent = tuple(persistent)
+        self._shared = shared
         self._scheduler = scheduler
         #: the dependency DAG: an object that leaves the cache drops its edges from its parents
         self._dag = dag
@@ -65,6 +68,10 @@ class Index:
 
     def get(self, key: bytes) -> IndexEntry | None:
         return self._entries.get(key)
+
+    def key_list(self) -> list[bytes]:
+        """A snapshot of the keys indexed."""
+        return list(self._entries)
 
     def volatile(self) -> list[IndexEntry]:
         """A snapshot of the published entries that no persistent tier holds."""
@@ -141,6 +148,9 @@ class Index:
 
     def _track(self, entry: IndexEntry) -> None:
         persistent = self._persistent
+        if entry.locations == [self._shared]:
+            self._volatile.pop(entry.key, None)
+            return
         for tier in entry.locations:
             if persistent[tier]:
                 self._volatile.pop(entry.key, None)

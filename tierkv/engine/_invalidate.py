@@ -9,28 +9,45 @@ with its parent's invalidation ends invalidated, never orphaned and live. Before
 persistent tier is synced (group commit), so the deletes — tombstones in the nvme log, frees in the
 pmem pool — are on media: no restart brings an invalidated object back. The last pass runs after
 that sync, and the call returns in the same step when it finds nothing new.
+
+With a shared tier, what an invalidation removed (and the key itself) is then deleted on the
+server and published to the other engines (`_shared`); an invalidation another engine published
+runs here `local`ly: local copies deleted, shared copies only forgotten, nothing published.
 """
 
 from __future__ import annotations
 
+from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
 
 
 class Invalidations:
-    __slots__ = ("_st", "_writes")
+    __slots__ = ("_shared", "_st", "_writes")
 
-    def __init__(self, state: EngineState, writes: Writes) -> None:
+    def __init__(self, state: EngineState, writes: Writes, shared: Shared) -> None:
         self._st = state
         self._writes = writes
+        self._shared = shared
 
-    async def invalidate(self, key: bytes) -> int:
-        """Remove `key` (if stored) and everything derived from it; how many objects went."""
-        removed = int(await self._writes.delete(key))
-        return removed + await self.descendants(key)
+    async def invalidate(self, key: bytes, *, local: bool = False) -> int:
+        """Remove `key` (if stored) and everything derived from it; how many objects went.
+        `local`: another engine published it (see the module)."""
+        removed = int(await self._writes.delete(key, keep_shared=local))
+        return removed + await self.descendants(key, local=local)
 
-    async def descendants(self, key: bytes) -> int:
+    async def forget(self, key: bytes) -> int:
+        """`invalidate(key, local=True)`: another engine invalidated `key`."""
+        return await self.invalidate(key, local=True)
+
+    async def descendants(self, key: bytes, *, local: bool = False) -> int:
         """Remove everything derived from `key` (not `key` itself), durably; how many."""
+        removed, doomed = await self._cascade(key, local)
+        if not local:
+            await self._shared.publish([key, *(k for k in doomed if k != key)])
+        return removed
+
+    async def _cascade(self, key: bytes, local: bool) -> tuple[int, set[bytes]]:
         st = self._st
         doomed = {key}
         removed = 0
@@ -39,14 +56,14 @@ class Invalidations:
             pending = self._new_descendants(doomed)
             if not pending:
                 if synced:
-                    return removed
+                    return removed, doomed
                 await self._sync()
                 synced = True
                 continue
             synced = False
             for child in pending:
                 doomed.add(child)
-                if await self._writes.delete(child):
+                if await self._writes.delete(child, keep_shared=local):
                     removed += 1
                     st.counters.cascaded += 1
                 st.dag.unlink_parents(child)  # a key never stored leaves no edges either

@@ -16,7 +16,8 @@ from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
-from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote
+from tierkv.errors import DeviceError
+from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share
 
 
 class Moves:
@@ -31,7 +32,7 @@ class Moves:
         A copy waits for its bytes in the budgets first: every move's in `budget`, a
         `background` one's (no write waits for it) in `background_budget` too."""
         st = self._st
-        if isinstance(plan, Demote | Promote):
+        if isinstance(plan, Demote | Promote | Share):
             if background and st.background_budget.rate is not None:
                 await st.background_budget.take(plan.nbytes)
             if st.budget.rate is not None:
@@ -44,6 +45,8 @@ class Moves:
                 return False
             if isinstance(plan, Promote):
                 return await self._promote(entry, plan, claim)
+            if isinstance(plan, Share):
+                return await self._share(entry, plan, claim)
             if isinstance(plan, Demote):
                 return await self._demote(entry, plan, claim)
             return await self._leave(entry, plan, claim)
@@ -65,7 +68,7 @@ class Moves:
         source = plan.source
         if source not in entry.locations:
             return False
-        if any(t > source for t in entry.locations):
+        if any(t > source and t != st.scheduler.shared for t in entry.locations):
             return await self._leave(entry, Evict(plan.key, plan.generation, plan.nbytes,
                                                   source), claim)
         async with self._copies.borrow(entry, source) as payload:
@@ -105,4 +108,25 @@ class Moves:
         st.counters.moved_bytes += plan.nbytes
         st.counters.promotions[st.names[plan.target]] += 1
         st.counters.promoted_bytes[st.names[plan.target]] += plan.nbytes
+        return True
+
+    async def _share(self, entry: IndexEntry, plan: Share, claim: Claim) -> bool:
+        """Copy a put's object into the shared tier, keeping every local copy. Best effort: a
+        shared tier that is full or down leaves the object local (a later put shares again)."""
+        st = self._st
+        if plan.target in entry.locations or plan.source not in entry.locations:
+            return False
+        async with self._copies.borrow(entry, plan.source) as payload:
+            if payload is None:
+                return False
+            try:
+                stored = await self._copies.store_in(entry, payload, plan.target, claim,
+                                                     wait=False)
+            except DeviceError:  # the server is down or slow: the object stays local
+                st.counters.device_errors += 1
+                return False
+            if not stored:
+                return False
+        st.counters.shared[st.names[plan.target]] += 1
+        st.counters.shared_bytes[st.names[plan.target]] += plan.nbytes
         return True

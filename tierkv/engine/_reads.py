@@ -12,6 +12,9 @@ Prefetch warms objects into the first tier through the same executor (and the ba
 budget): `prefetch` for keys a caller names, and after a get of a block of a known chain, the
 next `prefetch_depth` blocks of that chain (the best-ranked child at each step), since a prefix
 read of block i reads block i+1 next.
+
+A key the index does not know is looked up in the shared tier, where there is one (`_shared`):
+a get's alone, a `get_many`'s together, in one pipelined round trip per batch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from tierkv._concurrency import bounded_map
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._index import IndexEntry
+from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState, log
 from tierkv.errors import DeviceError
 from tierkv.formats.value import ObjectMeta, Payload
@@ -30,12 +34,14 @@ Found = tuple[ObjectMeta, Payload]
 
 
 class Reads:
-    __slots__ = ("_copies", "_executor", "_fan_out", "_st")
+    __slots__ = ("_copies", "_executor", "_fan_out", "_shared", "_st")
 
-    def __init__(self, state: EngineState, copies: CopyOps, executor: MoveExecutor) -> None:
+    def __init__(self, state: EngineState, copies: CopyOps, executor: MoveExecutor,
+                 shared: Shared) -> None:
         self._st = state
         self._copies = copies
         self._executor = executor
+        self._shared = shared
         #: lower-tier reads one `get_many` keeps in flight: the deepest queue below the top
         self._fan_out = max((tier.queue_depth for tier in state.tiers[1:]),
                             default=state.tiers[0].queue_depth)
@@ -43,6 +49,17 @@ class Reads:
     async def get(self, key: bytes) -> Found | None:
         st = self._st
         st.counters.gets += 1
+        found = await self._local(key)
+        if found is None and self._shared.tier is not None and key not in st.index:
+            found = (await self._shared.lookup([key]))[0]
+        if found is None:
+            st.counters.misses += 1
+        st.scheduler.looked_up(key, found is not None)
+        return found
+
+    async def _local(self, key: bytes) -> Found | None:
+        """The fastest intact copy the index lists (see the module), or ``None``."""
+        st = self._st
         entry = st.index.get(key)
         failed: list[int] = []
         # each turn reads one copy; copies moving away under the reads end it after a few
@@ -64,15 +81,12 @@ class Reads:
             if got is not None and got[0].generation == entry.generation:
                 st.counters.hits[st.names[tier]] += 1
                 st.scheduler.accessed(tier, key, st.now())
-                st.scheduler.looked_up(key, True)
                 if tier:
                     self._maybe_promote(entry, tier)
                 return got
             if tier in entry.locations:
                 self._copies.lost(entry, tier)
             # else the copy moved away while we read: try where it is now
-        st.counters.misses += 1
-        st.scheduler.looked_up(key, False)
         return None
 
     def _maybe_promote(self, entry: IndexEntry, tier: int) -> None:
@@ -123,9 +137,19 @@ class Reads:
                 results[position] = await self.get(key)
             else:
                 slow.append(position)
-        found = await bounded_map(self.get, [keys[p] for p in slow], self._fan_out)
+        found = await bounded_map(self._local, [keys[p] for p in slow], self._fan_out)
+        st.counters.gets += len(slow)
         for position, value in zip(slow, found, strict=True):
             results[position] = value
+        if self._shared.tier is not None:
+            unknown = [p for p in slow if results[p] is None and keys[p] not in st.index]
+            adopted = await self._shared.lookup([keys[p] for p in unknown])
+            for position, value in zip(unknown, adopted, strict=True):
+                results[position] = value
+        for position in slow:
+            hit = results[position] is not None
+            st.counters.misses += not hit
+            st.scheduler.looked_up(keys[position], hit)
         run = next((i for i, got in enumerate(results) if got is None), len(results))
         if run:
             self._follow_chain(keys[run - 1], keys)

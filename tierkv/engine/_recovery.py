@@ -4,6 +4,8 @@ Tiers open fastest first. Each persistent tier reports the objects it found inta
 of two copies of a key the newest generation wins and the older copy is deleted, equal
 generations are the same object held twice (inclusive caching). Generations of later puts start
 above the largest one recovered. If a tier fails to open, those already open are closed again.
+Objects the engine keeps for itself (`keys.is_engine_key`: the fleet cursor) are not indexed;
+`EngineState.own` lists where they were found.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
+from tierkv.keys import is_engine_key
 from tierkv.tiers.base import RecoveredObject, Tier
 
 
@@ -36,6 +39,10 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
     index, tier = state.index, state.tiers[tier_index]
     now = state.now()
     for obj in recovered:
+        if is_engine_key(obj.key):
+            state.own[obj.key] = tier_index
+            index.adopt_generation(obj.meta.generation)
+            continue
         entry = index.get(obj.key)
         if entry is not None and entry.generation > obj.meta.generation:
             await tier.delete(obj.key)

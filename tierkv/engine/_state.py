@@ -14,6 +14,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, WritePolicy
+from tierkv.config.schema import (
+    DEFAULT_FREE_HIGH,
+    DEFAULT_FREE_LOW,
+    RedisTierConfig,
+    idle_ttl,
+)
 from tierkv.engine._budget import ByteBudget
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._index import Index
@@ -43,10 +49,13 @@ class EngineState:
         self.scheduler = Scheduler(
             tiers, config.scheduler, [tier.capacity for tier in tiers],
             keep_lower_copies=config.engine.write_policy is WritePolicy.WRITE_THROUGH,
-            ttls=[tier.ttl for tier in config.tiers])
+            ttls=[idle_ttl(tier) for tier in config.tiers])
         self.dag = Dag()
-        self.index = Index([tier.persistent for tier in tiers], self.scheduler, self.dag)
+        self.index = Index([tier.persistent for tier in tiers], self.scheduler, self.dag,
+                           self.scheduler.shared)
         self.counters = EngineCounters()
+        #: objects the engine keeps for itself in a persistent tier (never indexed): key → tier
+        self.own: dict[bytes, int] = {}
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)
         self.background_budget = ByteBudget(config.scheduler.background_bandwidth)
         self.tasks: set[asyncio.Task[None]] = set()
@@ -67,6 +76,8 @@ class EngineState:
 
     @staticmethod
     def _watermarks(tier: Tier, config: TierConfig) -> tuple[float, float] | None:
+        if isinstance(config, RedisTierConfig):
+            return DEFAULT_FREE_LOW, DEFAULT_FREE_HIGH
         if tier.reclaims_space or not isinstance(config, GpuTierConfig | PmemTierConfig):
             return None
         return config.free_low, config.free_high

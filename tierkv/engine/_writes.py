@@ -73,12 +73,13 @@ class Writes:
             placed = await self._copies.store(entry, payload, durable, claim)
         await st.commits[placed].sync()
 
-    async def delete(self, key: bytes) -> bool:
+    async def delete(self, key: bytes, *, keep_shared: bool = False) -> bool:
+        """Remove `key`'s object; `keep_shared`: its shared copy is only forgotten."""
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
             entry = st.index.detach(key)
             if entry is None:
                 return False
-            await self._copies.discard(entry, claim)
+            await self._copies.discard(entry, claim, keep_shared=keep_shared)
             return True

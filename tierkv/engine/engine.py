@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import torch
 
 from tierkv.config import Config, GpuTierConfig
+from tierkv.config.schema import idle_ttl
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._evictor import Evictor
 from tierkv.engine._executor import MoveExecutor
@@ -43,6 +44,7 @@ from tierkv.engine._pins import PinContext, Pins
 from tierkv.engine._profiles import measure_profiles
 from tierkv.engine._reads import Found, Reads
 from tierkv.engine._recovery import open_tiers
+from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
@@ -65,10 +67,11 @@ class Engine:
         copies = CopyOps(st)
         st.scrub = copies.scrub
         self._executor = MoveExecutor(st, Moves(st, copies))
-        self._reads = Reads(st, copies, self._executor)
+        self._shared = Shared(st, self._executor)
+        self._reads = Reads(st, copies, self._executor, self._shared)
         self._writes = Writes(st, copies)
         self._flusher = Flusher(st, copies)
-        self._invalidations = Invalidations(st, self._writes)
+        self._invalidations = Invalidations(st, self._writes, self._shared)
         self._pins = Pins(st, copies)
         self._evictors = [Evictor(st, i, self._executor) for i in range(len(self.tiers))]
         self._evictors[0].protect_pins(self._pins.counts)
@@ -99,9 +102,10 @@ class Engine:
                 self._evictor_tasks.append(asyncio.create_task(self._evictors[index].run()))
                 st.spaces[index].cue.set()  # a recovered tier may start above its watermark
         for index, tier_config in enumerate(self.config.tiers):
-            if tier_config.ttl is not None:
+            if (ttl := idle_ttl(tier_config)) is not None:
                 self._expiry_tasks.append(asyncio.create_task(expire_idle(
-                    st, self._executor, self._evictors[index], index, tier_config.ttl)))
+                    st, self._executor, self._evictors[index], index, ttl)))
+        await self._shared.start(self._invalidations.forget)
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
@@ -121,6 +125,7 @@ class Engine:
         try:
             # calls in progress end; the evictors still run, so writes waiting for room get it
             await st.quiet.wait()
+            await self._shared.stop()
             for expiry in self._expiry_tasks:
                 expiry.cancel()
             await asyncio.gather(*self._expiry_tasks, return_exceptions=True)
@@ -129,6 +134,7 @@ class Engine:
             await self._flusher.flush()  # may wait for room below: the evictors still run
             await self._executor.drain()
             await st.drain_tasks()
+            await self._shared.save_cursor()
         finally:
             st.closing = True
             for space in st.spaces:
@@ -233,6 +239,7 @@ class Engine:
             replaced = await self._writes.put(raw, meta, payload, latency_slo)
             if replaced:
                 await self._invalidations.descendants(raw)
+            self._shared.share(raw)
         self._st.counters.puts += 1
 
     async def put_many(
@@ -287,6 +294,7 @@ class Engine:
         """Barrier: every object put before the call is on persistent media when it returns."""
         async with self._call():
             await self._flusher.flush()
+            await self._shared.save_cursor()
 
     async def settle(self) -> None:
         """Wait until the background work asked for so far has finished: the evictors have

@@ -52,6 +52,19 @@ class EngineCounters:
     space_timeouts: int = 0
     #: copies of cancelled or failed operations deleted afterwards
     orphans_scrubbed: int = 0
+    #: the shared tier: puts copied there (objects, bytes); local misses looked up there, the
+    #: ones found and adopted, the ones refused as stale (an invalidation they predate) or
+    #: because the key was busy; keys other engines invalidated that this one dropped
+    shared: Counter[str] = field(default_factory=Counter)
+    shared_bytes: Counter[str] = field(default_factory=Counter)
+    shared_lookups: int = 0
+    shared_adopted: int = 0
+    shared_stale: int = 0
+    shared_busy: int = 0
+    remote_invalidated: int = 0
+    #: objects recovered at open and dropped because the fleet's log no longer reached back
+    #: to this engine's saved cursor
+    shared_recovered_dropped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {}

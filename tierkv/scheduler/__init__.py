@@ -2,7 +2,16 @@
 
 from tierkv.scheduler.lru import LruPolicy
 from tierkv.scheduler.placement import demotion_target, first_persistent_for, first_tier_for
-from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Plan, Promote, departs_from
+from tierkv.scheduler.plans import (
+    Demote,
+    Departure,
+    Drop,
+    Evict,
+    Plan,
+    Promote,
+    Share,
+    departs_from,
+)
 from tierkv.scheduler.policy import EvictionPolicy
 from tierkv.scheduler.scheduler import Copies, Lookup, Scheduler
 from tierkv.scheduler.watermarks import Watermarks
@@ -19,6 +28,7 @@ __all__ = [
     "Plan",
     "Promote",
     "Scheduler",
+    "Share",
     "Watermarks",
     "demotion_target",
     "departs_from",

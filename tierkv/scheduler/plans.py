@@ -55,7 +55,19 @@ class Drop:
     tier: int
 
 
-Plan = Promote | Demote | Evict | Drop
+@dataclass(frozen=True, slots=True)
+class Share:
+    """Copy the object from `source` into the shared tier `target`, keeping the source copy:
+    other engines find it there."""
+
+    key: bytes
+    generation: int
+    nbytes: int
+    source: int
+    target: int
+
+
+Plan = Promote | Demote | Evict | Drop | Share
 #: plans that free space in the tier they name (the evictor's and expiry's plans)
 Departure = Demote | Evict | Drop
 

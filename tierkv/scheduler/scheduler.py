@@ -30,7 +30,7 @@ from tierkv.scheduler.placement import (
     first_persistent_for,
     first_tier_for,
 )
-from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote
+from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote, Share
 from tierkv.scheduler.policy import EvictionPolicy as TierPolicy
 from tierkv.scheduler.scores import ScoreBook
 from tierkv.scheduler.select import TierProfile, select_tier
@@ -65,6 +65,11 @@ class Scheduler:
         self._config = config
         #: promotions move objects up (write-through engines keep every durable copy)
         self.exclusive = config.exclusive and not keep_lower_copies
+        #: the tier other engines share (the last), if any: copies there never count as the
+        #: lower copy that lets a local tier evict instead of demoting, and never move up
+        self.shared: int | None = next(
+            (index for index, tier in enumerate(self._tiers) if getattr(tier, "shared", False)),
+            None)
         self.scored = config.policy is EvictionPolicy.LRUPP
         self.book = ScoreBook(config.alpha, config.beta)
         self.lineage = Lineage()
@@ -198,11 +203,15 @@ class Scheduler:
 
     def _depart(self, tier: int, copies: Copies) -> Departure:
         key, generation, nbytes = copies.key, copies.generation, copies.nbytes
-        if any(location > tier for location in copies.locations):
+        shared = self.shared
+        if any(location > tier and location != shared for location in copies.locations):
             return Evict(key, generation, nbytes, tier)
         target = demotion_target(self._tiers, tier, nbytes)
-        while target is not None and not self._admits(target, key):
+        while target is not None and target != shared and not self._admits(target, key):
             target = demotion_target(self._tiers, target, nbytes)
+        if target is not None and target == shared and shared in copies.locations:
+            # the shared tier has it already: leaving the local tiers is all there is to do
+            return Evict(key, generation, nbytes, tier)
         if target is None:
             return Drop(key, generation, nbytes, tier)
         return Demote(key, generation, nbytes, tier, target)
@@ -230,8 +239,19 @@ class Scheduler:
     def _moves_up(self, source: int) -> bool:
         """Whether a promotion out of `source` deletes the source copy. Not out of a tier that
         reclaims space itself (the nvme log): deleting there frees nothing until its region is
-        reclaimed, while the copy left in place saves a write if the object comes back down."""
-        return self.exclusive and not self._tiers[source].reclaims_space
+        reclaimed, while the copy left in place saves a write if the object comes back down.
+        Never out of the shared tier: other engines read it there."""
+        return (self.exclusive and not self._tiers[source].reclaims_space
+                and source != self.shared)
+
+    def share(self, copies: Copies) -> Share | None:
+        """The copy of a put into the shared tier (where there is one and it can hold it),
+        from the fastest tier holding it."""
+        shared, locations = self.shared, copies.locations
+        if (shared is None or not locations or shared in locations
+                or not self._tiers[shared].can_ever_hold(copies.nbytes)):
+            return None
+        return Share(copies.key, copies.generation, copies.nbytes, locations[0], shared)
 
     def warm(self, copies: Copies) -> Promote | None:
         """A prefetch of `copies` into the first tier, where it is held only below (no score

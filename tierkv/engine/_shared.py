@@ -1,0 +1,234 @@
+"""The engine's side of the shared tier: lookups of local misses, adoption, sharing of puts,
+and the fleet's invalidations in both directions.
+
+Other engines write the shared tier, so the local index cannot list what it holds. A key the
+index does not know is looked up there (`lookup`: one pipelined round trip per batch of a
+`get_many`'s misses); a record found is *adopted*: indexed here with a local generation, its
+parents linked in the DAG, and promoted per policy (a copy: the shared copy stays). A record is
+refused (a miss) when it predates an invalidation of its key or of an ancestor it can be traced
+to — through the records of the same lookup and this engine's DAG (`Fleet.stale`).
+
+Every put is copied to the shared tier in the background (`share`, a `Share` plan): the next
+engine that misses finds it there.
+
+Invalidations: what this engine invalidates is deleted on the server and published in the
+fleet's log (`publish`), whether this engine held it there or not; what another engine
+publishes is dropped here — every local copy and everything derived from it locally, the
+shared copies only forgotten (the publisher deleted what it invalidated; a record there now may
+be newer). An engine whose unread entries were trimmed from the log drops everything it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, cast
+
+from tierkv.engine._executor import MoveExecutor
+from tierkv.engine._state import EngineState
+from tierkv.errors import DependencyCycleError, DeviceError, TierKVError
+from tierkv.formats.shared_record import SharedRecord
+from tierkv.formats.value import ObjectMeta, Payload, encode_value, payload_view
+from tierkv.keys import FLEET_CURSOR_KEY
+
+if TYPE_CHECKING:
+    from tierkv.tiers.redis import RedisTier
+
+log = logging.getLogger("tierkv.engine")
+Found = tuple[ObjectMeta, Payload]
+#: ancestors one staleness check follows at most (a chain of 64 Ki tokens in 16-token blocks)
+MAX_ANCESTORS = 4096
+_CURSOR = struct.Struct("<Q")
+#: drops a key locally and what derives from it (the engine's invalidation, local only)
+Forget = Callable[[bytes], Awaitable[int]]
+
+
+class Shared:
+    __slots__ = ("_down", "_executor", "_forget", "_st", "index", "tier")
+
+    def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
+        self._st = state
+        self._executor = executor
+        self.index = state.scheduler.shared
+        self.tier = (None if self.index is None
+                     else cast("RedisTier", state.tiers[self.index]))
+        self._forget: Forget | None = None
+        #: the shared tier failed its last call: failures are counted, not logged, until it
+        #: answers again
+        self._down = False
+
+    async def start(self, forget: Forget) -> None:
+        """Follow the fleet's log from now on; first apply to the objects recovered at open
+        what the log invalidated since the cursor saved with them (`save_cursor`): entries
+        after it are dropped here (one stored again since is dropped too: a miss, never a stale
+        hit); if entries after it were trimmed, or no cursor was saved and some were, every
+        recovered object is dropped."""
+        if self.tier is None or self.tier.fleet is None:
+            return
+        self._forget = forget
+        fleet = self.tier.fleet
+        fleet.set_listeners(self._remote, self._history_lost)  # first: no entry slips between
+        if not len(self._st.index):
+            return
+        saved = await self._saved_cursor()
+        if (saved if saved is not None else 0) < fleet.horizon:
+            log.warning("the shared tier's invalidation log no longer reaches back to when "
+                        "this engine last ran: dropping the objects it recovered")
+            self._st.counters.shared_recovered_dropped += len(self._st.index)
+            await self._history_lost()
+            return
+        since = saved if saved is not None else -1
+        for key in [key for key, order in fleet.tombs.items()
+                    if order > since and key in self._st.index]:
+            await forget(key)
+
+    async def _saved_cursor(self) -> int | None:
+        st = self._st
+        where = st.own.get(FLEET_CURSOR_KEY)
+        if where is None:
+            return None
+        try:
+            got = await st.tiers[where].get(FLEET_CURSOR_KEY)
+        except DeviceError:
+            return None
+        if got is None or got[0].nbytes != _CURSOR.size:
+            return None
+        return int(_CURSOR.unpack(payload_view(got[1]))[0])
+
+    async def save_cursor(self) -> None:
+        """Keep this engine's position in the fleet's log in the first persistent tier, beside
+        the objects it describes (`flush`, `close`): a restart applies what came after it."""
+        st = self._st
+        if self.tier is None or self.tier.fleet is None:
+            return
+        durable = st.scheduler.durable_tier(_CURSOR.size)
+        if durable is None:
+            return  # nothing persistent: nothing to recover, nothing to describe
+        meta, payload = encode_value(_CURSOR.pack(self.tier.fleet.cursor))
+        meta = meta.with_generation(st.index.new_entry(FLEET_CURSOR_KEY, meta).generation)
+        previous = st.own.get(FLEET_CURSOR_KEY)
+        try:
+            await st.tiers[durable].put(FLEET_CURSOR_KEY, meta, payload)
+            st.own[FLEET_CURSOR_KEY] = durable
+            if previous is not None and previous != durable:
+                await st.tiers[previous].delete(FLEET_CURSOR_KEY)
+            await st.commits[durable].sync()
+        except TierKVError as exc:  # the next open then starts from the log's start
+            log.warning("could not keep the fleet cursor: %s", exc)
+
+    async def stop(self) -> None:
+        """Stop following the fleet's log (close): no invalidation runs into closing tiers."""
+        if self.tier is not None and self.tier.fleet is not None:
+            self.tier.fleet.set_listeners(None, None)
+            await self.tier.fleet.stop()
+
+    def _failed(self, what: str, exc: DeviceError) -> None:
+        """Log the first failure of an outage (each is counted); `_reachable` ends it."""
+        self._st.counters.device_errors += 1
+        if not self._down:
+            self._down = True
+            log.warning("the shared tier failed %s (further failures are not logged until it "
+                        "answers again): %s", what, exc)
+
+    def _reachable(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("the shared tier answers again")
+
+    # -- sharing -----------------------------------------------------------------------------
+    def share(self, key: bytes) -> None:
+        """Copy the object just put under `key` to the shared tier, in the background."""
+        st = self._st
+        entry = st.index.get(key)
+        if self.tier is None or entry is None or entry.moving:
+            return
+        plan = st.scheduler.share(entry)
+        if plan is not None:
+            entry.moving = True
+            self._executor.submit(plan, background=True)
+
+    # -- lookups -----------------------------------------------------------------------------
+    async def lookup(self, keys: Sequence[bytes]) -> list[Found | None]:
+        """The shared tier's objects for keys the index does not know, adopted; misses and
+        refused records are ``None``."""
+        st, tier = self._st, self.tier
+        if tier is None or not keys:
+            return [None] * len(keys)
+        st.counters.shared_lookups += len(keys)
+        try:
+            records = await tier.fetch_many(keys)
+        except DeviceError as exc:
+            self._failed("a lookup", exc)
+            return [None] * len(keys)
+        self._reachable()
+        batch = {key: record for key, record in zip(keys, records, strict=True)
+                 if record is not None}
+        return [None if record is None else self._adopt(key, record, batch)
+                for key, record in zip(keys, records, strict=True)]
+
+    def _adopt(self, key: bytes, record: SharedRecord, batch: dict[bytes, SharedRecord]
+               ) -> Found | None:
+        """Index `record` as this engine's copy of `key` (no await: one step)."""
+        st, tier, index = self._st, self.tier, self.index
+        assert tier is not None and tier.fleet is not None and index is not None
+        if tier.fleet.stale(record.stamp, [key, *self._ancestors(record, batch)]):
+            st.counters.shared_stale += 1
+            return None
+        if key in st.index or st.keys.busy(key):
+            st.counters.shared_busy += 1  # a put or delete of the key runs here: its value wins
+            return None
+        try:
+            st.dag.set_parents(key, record.meta.parents)
+        except DependencyCycleError:
+            st.counters.dag_edges_refused += 1
+            return None
+        entry = st.index.new_entry(key, record.meta)
+        tier.adopt(key, entry.generation, record)
+        now = st.now()
+        st.index.add_copy(entry, index, now)
+        st.counters.shared_adopted += 1
+        st.counters.hits[st.names[index]] += 1
+        st.scheduler.accessed(index, key, now)
+        plan = st.scheduler.on_hit(entry, index)
+        if plan is not None:
+            entry.moving = True
+            self._executor.submit(plan, background=True)
+        return entry.meta, record.payload
+
+    def _ancestors(self, record: SharedRecord, batch: dict[bytes, SharedRecord]) -> list[bytes]:
+        """The keys `record` derives from, as far as the lookup's records and the DAG know."""
+        dag = self._st.dag
+        seen: set[bytes] = set()
+        pending = list(record.meta.parents)
+        while pending and len(seen) < MAX_ANCESTORS:
+            key = pending.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            found = batch.get(key)
+            pending.extend(found.meta.parents if found is not None else dag.parents(key))
+        return list(seen)
+
+    # -- invalidations -----------------------------------------------------------------------
+    async def publish(self, keys: Sequence[bytes]) -> None:
+        """Delete `keys` on the server and tell the fleet they are invalid. A server that
+        cannot be reached leaves the invalidation local (logged, counted)."""
+        tier = self.tier
+        if tier is None or tier.fleet is None or not keys:
+            return
+        try:
+            await tier.delete_many(keys)
+            await tier.fleet.publish(keys)
+        except DeviceError as exc:
+            self._failed("an invalidation (it stays local)", exc)
+
+    async def _remote(self, keys: list[bytes]) -> None:
+        assert self._forget is not None
+        for key in keys:
+            self._st.counters.remote_invalidated += await self._forget(key)
+
+    async def _history_lost(self) -> None:
+        assert self._forget is not None
+        for key in self._st.index.key_list():
+            await self._forget(key)
