@@ -5,8 +5,10 @@ so the model is exact).
 The model's DAG: a put sets the key's parents (replacing the old ones) and, if the key held a
 value, removes everything derived from it; `invalidate` removes the key and its descendants and
 returns how many stored objects went; an object that leaves drops the edges from its parents;
-`add_dependency` edges live in memory only, so a reopen rebuilds the edges from the stored
-objects' parents alone. A put or link that would close a cycle is refused and changes nothing.
+`add_dependency` to a stored child writes the edge into the child's header (it survives a
+reopen), to a key not stored it lives in memory only, so a reopen rebuilds the edges from the
+stored objects' headers alone. A put or link that would close a cycle is refused and changes
+nothing.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class DagMachine(RuleBasedStateMachine):
             raise AssertionError("a cycle was accepted")
         self.run(self.kv.add_dependency(parent, child))
         self.edges.add((parent, child))
+        if child in self.durable:
+            self.durable[child].add(parent)
 
     @rule()
     def flush(self) -> None:

@@ -258,3 +258,50 @@ async def test_moves_under_way_never_bring_an_invalidated_object_back(tmp_path: 
         assert kv.stats()["engine"]["demotions"]  # the moves did run
     async with tierkv.open(cfg) as kv:
         assert await kv.get_many(keys) == [None] * 40
+
+
+_LINKING_WRITER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import tierkv
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        kv = await tierkv.open(config)
+        for i in range(20):
+            await kv.put(b"child%d" % i, b"c%d" % i * 500)
+        await kv.put(b"document", b"d" * 500)
+        await kv.flush()  # the children on media before they are linked
+        for i in range(0, 20, 2):
+            await kv.add_dependency(b"document", b"child%d" % i)
+        print("LINKED", flush=True)
+        time.sleep(300)  # killed here, never closed
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kinds", [ALL, ("gpu", "nvme")], ids="-".join)
+def test_add_dependency_edges_survive_kill_9(tmp_path: Path, kinds: tuple[str, ...]) -> None:
+    """`add_dependency` to stored children writes the edge into their headers on media before
+    it returns: after a SIGKILL the reopened engine's DAG has the edges, so invalidating the
+    parent removes exactly the linked children, and the others stay byte for byte."""
+    cfg = config(tmp_path, kinds, "write_back")
+    with subprocess.Popen([sys.executable, "-c", _LINKING_WRITER, json.dumps(cfg)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as writer:
+        try:
+            assert writer.stdout is not None
+            line = writer.stdout.readline().split()
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(30)
+    assert line == ["LINKED"]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.invalidate(b"document") == 11  # the document and its 10 children
+            children = await kv.get_many([b"child%d" % i for i in range(20)])
+            assert children == [None if i % 2 == 0 else b"c%d" % i * 500 for i in range(20)]
+
+    asyncio.run(reopen())

@@ -89,6 +89,34 @@ class Reads:
             # else the copy moved away while we read: try where it is now
         return None
 
+    async def _held_shared(self, keys: Sequence[bytes]) -> list[Found | None]:
+        """Reads of objects whose only copy is the shared tier's, together (`Tier.get_many`);
+        a copy that changed or failed is forgotten, so the caller's lookup finds the current
+        record."""
+        st, tier = self._st, self._shared.index
+        assert tier is not None
+        entries = [st.index.get(key) for key in keys]
+        try:
+            got = await st.tiers[tier].get_many(keys)
+        except DeviceError as exc:
+            st.counters.device_errors += 1
+            log.warning("tier %s failed to read objects: %s", st.names[tier], exc)
+            return [None] * len(keys)
+        results: list[Found | None] = []
+        for key, entry, found in zip(keys, entries, got, strict=True):
+            if entry is None or st.index.get(key) is not entry:
+                results.append(None)
+            elif found is not None and found[0].generation == entry.generation:
+                st.counters.hits[st.names[tier]] += 1
+                st.scheduler.accessed(tier, key, st.now())
+                self._maybe_promote(entry, tier)
+                results.append(found)
+            else:
+                if tier in entry.locations:
+                    self._copies.lost(entry, tier)
+                results.append(None)
+        return results
+
     def _maybe_promote(self, entry: IndexEntry, tier: int) -> None:
         st = self._st
         if entry.moving or st.keys.busy(entry.key):
@@ -137,9 +165,20 @@ class Reads:
                 results[position] = await self.get(key)
             else:
                 slow.append(position)
-        found = await bounded_map(self._local, [keys[p] for p in slow], self._fan_out)
         st.counters.gets += len(slow)
-        for position, value in zip(slow, found, strict=True):
+        shared = self._shared.index
+        remote = [p for p in slow if shared is not None
+                  and (entry := st.index.get(keys[p])) is not None and entry.locations == [shared]]
+        if remote:  # held only by the shared tier: one pipelined round trip per batch
+            for position, value in zip(remote, await self._held_shared([keys[p] for p in remote]),
+                                       strict=True):
+                results[position] = value
+            held_shared = set(remote)
+            local = [p for p in slow if p not in held_shared]
+        else:
+            local = slow
+        found = await bounded_map(self._local, [keys[p] for p in local], self._fan_out)
+        for position, value in zip(local, found, strict=True):
             results[position] = value
         if self._shared.tier is not None:
             unknown = [p for p in slow if results[p] is None and keys[p] not in st.index]

@@ -11,6 +11,8 @@ key's value changed; what it wrote and did not commit is scrubbed (`_keys`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from tierkv.config import WritePolicy
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
@@ -72,6 +74,33 @@ class Writes:
                 return  # no persistent tier can hold it: as durable as the hierarchy allows
             placed = await self._copies.store(entry, payload, durable, claim)
         await st.commits[placed].sync()
+
+    async def relink(self, key: bytes, parent: bytes) -> bool:
+        """Add `parent` to the parents `key`'s stored object names, so that the edge survives a
+        restart: the object's copies in persistent tiers are rewritten in place with the same
+        bytes and generation and the new header, each synced; the other copies keep theirs
+        (what they write down later carries the entry's meta). False if `key` is not stored.
+        A cancelled or failed rewrite leaves each copy with the old header or the new one, both
+        the same object."""
+        st = self._st
+        async with st.keys.hold(key):
+            st.check_open()
+            entry = st.index.get(key)
+            if entry is None:
+                return False
+            if parent in entry.meta.parents:
+                return True
+            meta = dataclasses.replace(entry.meta, parents=(*entry.meta.parents, parent))
+            durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
+            if durable:
+                got = await self._copies.read(entry, entry.locations[0])
+                if got is None or entry.detached:
+                    return False
+                for tier in durable:
+                    await st.tiers[tier].put(key, meta, got[1])
+                    await st.commits[tier].sync()
+            entry.meta = meta
+            return True
 
     async def delete(self, key: bytes, *, keep_shared: bool = False) -> bool:
         """Remove `key`'s object; `keep_shared`: its shared copy is only forgotten."""

@@ -45,9 +45,9 @@ from tierkv.engine._profiles import measure_profiles
 from tierkv.engine._reads import Found, Reads
 from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
-from tierkv.engine._state import EngineState
+from tierkv.engine._state import EngineState, log
 from tierkv.engine._writes import Writes
-from tierkv.errors import EngineClosedError
+from tierkv.errors import EngineClosedError, TierKVError
 from tierkv.formats.value import Value, decode_value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, version_key
 from tierkv.tiers.base import Tier
@@ -284,11 +284,19 @@ class Engine:
     async def add_dependency(self, parent: Key, child: Key) -> None:
         """Record that `child` derives from `parent` (both may be stored or not): a later write
         or invalidation of `parent` removes `child`. `DependencyCycleError` if `parent`
-        derives from `child`. The edge lives in memory; after a restart the DAG holds the
-        edges named in the objects' headers (`put(parents=...)`), so a dependency meant to
-        survive restarts belongs in the child's put."""
-        self._check_open()
-        self._st.dag.link(encode_key(parent), encode_key(child))
+        derives from `child`. A stored `child` names `parent` in its header from then on (its
+        persistent copies are rewritten in place, on media when this returns), so the edge
+        survives a restart; an edge to a `child` not stored lives in memory, and a later
+        `put(child, parents=...)` sets the child's parents anew."""
+        async with self._call():
+            raw_parent, raw_child = encode_key(parent), encode_key(child)
+            self._st.dag.link(raw_parent, raw_child)
+            try:
+                await self._writes.relink(raw_child, raw_parent)
+            except TierKVError as exc:
+                self._st.counters.dag_edges_unpersisted += 1
+                log.warning("add_dependency: the edge could not be written into the child's "
+                            "header, it lives in memory only: %s", exc)
 
     async def flush(self) -> None:
         """Barrier: every object put before the call is on persistent media when it returns."""

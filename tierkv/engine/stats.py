@@ -30,6 +30,8 @@ class EngineCounters:
     cascaded: int = 0
     #: edges named by recovered headers that would have closed a cycle (damage): not restored
     dag_edges_refused: int = 0
+    #: `add_dependency` edges whose child's header could not be rewritten (memory only)
+    dag_edges_unpersisted: int = 0
     #: at open: intact objects each persistent tier recovered (its own stats count what it
     #: dropped as corrupt and the tombstones it applied), older copies of a key deleted, and
     #: the seconds opening and indexing took
