@@ -28,7 +28,15 @@ from rich.table import Table
 from tierkv._platform import cuda_available, io_uring_available, libpmemobj_available
 from tierkv._units import format_size, parse_size
 from tierkv.bench.common import Row
-from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig, load_config
+from tierkv.config import (
+    Config,
+    GpuTierConfig,
+    NvmeTierConfig,
+    PmemTierConfig,
+    RedisTierConfig,
+    TierConfig,
+    load_config,
+)
 from tierkv.config.default import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.tiers import registry
@@ -68,13 +76,17 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="measure the engine or one tier beside a baseline")
     bench.add_argument("--config", type=Path, help="TOML device config (default: embedded)")
     bench.add_argument("--device", choices=("engine", "gpu", "pmem", "nvme", "scheduler",
-                                            "invalidation", "recovery"),
+                                            "invalidation", "recovery", "transformers",
+                                            "redis"),
                        default="engine",
                        help="engine: L1 figures and a workload through the whole hierarchy; "
                             "gpu: the L1 figures only; pmem/nvme: that tier against memcpy/fio; "
                             "scheduler: policy bookkeeping per access at 1M objects beside LRU; "
                             "invalidation: a 100k-object subtree invalidated beside deletes; "
-                            "recovery: reopening a full 1 GiB pool + 10 GiB log")
+                            "recovery: reopening a full 1 GiB pool + 10 GiB log; "
+                            "transformers: time to first token of a random-init Llama with "
+                            "prefix KV reuse beside recompute (needs the transformers extra); "
+                            "redis: the shared tier beside raw redis-py SET/GET on one server")
     bench.add_argument("--size", type=_size_arg, default=256 << 10,
                        help="object size of the workload (default 256KiB)")
     bench.add_argument("--count", type=int, default=2048, help="objects in the workload")
@@ -95,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
                             "admitted) or tierkv (LRU++ and the config's admission; the default)")
     bench.add_argument("--block-size", default="16KiB", metavar="SIZE",
                        help="trace: bytes stored per trace block (default 16KiB)")
+    bench.add_argument("--url", metavar="URL",
+                       help="the redis server for --device redis (default: a private "
+                            "redis-server)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=_bench)
 
@@ -148,7 +163,11 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe(tier: GpuTierConfig | PmemTierConfig | NvmeTierConfig) -> dict[str, str]:
+def _probe(tier: TierConfig) -> dict[str, str]:
+    if isinstance(tier, RedisTierConfig):
+        from tierkv.tiers import redis
+
+        return redis.probe(tier)
     if isinstance(tier, GpuTierConfig):
         from tierkv.tiers.gpu import describe_device
 
@@ -246,6 +265,8 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
         return [("trace", lambda bar: trace(config, bar))]
     if args.device == "gpu" and not isinstance(config.tiers[0], GpuTierConfig):
         raise ConfigError("--device gpu: the config has no gpu tier to measure")
+    if args.url is not None and args.device != "redis":
+        raise ConfigError("--url: only --device redis measures a redis server")
     jobs: list[tuple[str, Job]] = []
     if args.device in ("engine", "gpu"):
         jobs.append(("l1_get_4k", lambda bar: engine_bench.l1_get_latency(
@@ -275,6 +296,15 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
 
         jobs.append(("recovery", lambda bar: run_recovery_bench(
             config, quick=quick, progress=bar)))
+    if args.device == "transformers":
+        from tierkv.bench.transformers import run_transformers_bench
+
+        jobs.append(("transformers", lambda bar: run_transformers_bench(
+            config, quick=quick, progress=bar)))
+    if args.device == "redis":
+        from tierkv.bench.redis import run_redis_bench
+
+        jobs.append(("redis", lambda bar: run_redis_bench(args.url, quick=quick, progress=bar)))
     return jobs
 
 
