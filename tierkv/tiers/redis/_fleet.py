@@ -73,6 +73,7 @@ class Fleet:
         self._lost: LostListener | None = None
         self._advanced = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self.connected = True
         self._counters = {"invalidations_published": 0, "invalidations_received": 0,
                           "keys_invalidated_remotely": 0, "log_reconnects": 0,
@@ -91,6 +92,10 @@ class Fleet:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
+        # the flag ends the follower too: on Python 3.11 a cancel can be lost inside redis-py
+        # (its `asyncio.wait_for` returns a result it had when cancelled, cpython gh-86296),
+        # and the follower would read on
+        self._stopping = True
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -132,7 +137,7 @@ class Fleet:
     # -- following ---------------------------------------------------------------------------
     async def _follow(self) -> None:
         backoff = 0.05
-        while True:
+        while not self._stopping:
             try:
                 if not self.connected:
                     await self._read_horizon()

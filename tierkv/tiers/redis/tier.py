@@ -255,7 +255,9 @@ class RedisTier(Tier):
         for start in range(0, len(keys), batch):
             pipe = self._client.pipeline(transaction=False)
             for key in keys[start:start + batch]:
-                pipe.unlink(self.server_key(key))
+                # not `pipe.unlink`: a cluster pipeline's is a coroutine that queues nothing
+                # until awaited
+                pipe.execute_command("UNLINK", self.server_key(key))
             self._counters["round_trips"] += 1
             await self._call(pipe.execute())
 

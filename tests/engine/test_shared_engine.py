@@ -1,0 +1,353 @@
+"""Engines sharing a redis tier, through the public API: two engines of one process on one
+server, each with local tiers of its own.
+
+What one engine puts, the other finds (byte for byte, bytes and tensors, by get and by
+get_many, one pipelined round trip per batch of misses); what one invalidates — a key, its
+descendants, a model version, an overwritten value — the other stops serving once its
+follower has read the fleet's log, local copies and local descendants included, and never
+adopts again from a record that predates the invalidation; tenants never see each other's
+blocks; a server that dies leaves each engine serving what it holds locally, missing
+instead of failing, and sharing again once the server is back.
+
+The follower reads the log in the background and signals nothing: tests wait for its effect
+with `eventually` (2 s at most).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import torch
+
+import tierkv
+from tests.engine._configs import KiB, gpu_tier, pmem_tier
+from tierkv.keys import encode_key
+from tierkv.testing.redis_server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+SHARED = "shared"
+#: where the tier keeps objects on the server (its default key prefix, then "o:")
+OBJECTS = b"tierkv:o:"
+
+
+def server_key(key: tierkv.Key) -> bytes:
+    return OBJECTS + encode_key(key)
+
+
+def shared_config(directory: Path | None = None, *, url: str | None = None,
+                  nodes: list[str] | None = None, pmem: bool = False,
+                  scheduler: dict[str, Any] | None = None, **redis: Any) -> dict[str, Any]:
+    """A gpu tier on the CPU [, a pmem pool under `directory`], then the redis tier."""
+    tiers: list[dict[str, Any]] = [gpu_tier(capacity=1024 * KiB, slot_size=4 * KiB)]
+    if pmem:
+        assert directory is not None
+        directory.mkdir(parents=True, exist_ok=True)
+        tiers.append(pmem_tier(directory))
+    tier: dict[str, Any] = {"name": SHARED, "kind": "redis", "capacity": "16MiB"}
+    tier.update({"url": url} if url is not None else {"cluster": nodes})
+    tier.update(redis)
+    tiers.append(tier)
+    return {"tiers": tiers, "scheduler": scheduler or {}}
+
+
+async def eventually(condition: Callable[[], Awaitable[bool]], within: float = 2.0) -> None:
+    """Wait until `condition()` holds (another engine's follower signals nothing)."""
+    deadline = time.monotonic() + within
+    while not await condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.02)
+
+
+async def dropped(kv: tierkv.Engine, *keys: tierkv.Key) -> bool:
+    return not any([await kv.contains(key) for key in keys])
+
+
+def engine_stats(kv: tierkv.Engine) -> dict[str, Any]:
+    stats: dict[str, Any] = kv.stats()["engine"]
+    return stats
+
+
+def tier_stats(kv: tierkv.Engine) -> dict[str, Any]:
+    stats: dict[str, Any] = kv.stats()["tiers"][SHARED]
+    return stats
+
+
+def chain(prompt: int, blocks: int, model: str = "m@1", namespace: bytes = b""
+          ) -> list[tierkv.BlockKey]:
+    tokens = [prompt * 1000 + i for i in range(blocks * 4)]
+    return tierkv.block_keys(tokens, block_size=4, model=model, rope_theta=1e4,
+                             namespace=namespace)
+
+
+def block(i: int) -> torch.Tensor:
+    return torch.full((4, 16), float(i), dtype=torch.float16)
+
+
+@contextlib.asynccontextmanager
+async def engines(*configs: dict[str, Any]) -> AsyncIterator[list[tierkv.Engine]]:
+    async with contextlib.AsyncExitStack() as stack:
+        yield [await stack.enter_async_context(tierkv.open(config)) for config in configs]
+
+
+@pytest.fixture
+async def pair(redis_url: str) -> AsyncIterator[list[tierkv.Engine]]:
+    """Engines A and B on the session's server (emptied), gpu tier + redis tier each."""
+    async with engines(shared_config(url=redis_url), shared_config(url=redis_url)) as kvs:
+        yield kvs
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# -- sharing -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("pmem", [False, pytest.param(True, marks=pytest.mark.pmem)],
+                         ids=["gpu", "gpu+pmem"])
+async def test_what_one_engine_puts_the_other_gets(redis_url: str, tmp_path: Path,
+                                                   pmem: bool) -> None:
+    configs = [shared_config(tmp_path / name, url=redis_url, pmem=pmem) for name in "ab"]
+    async with engines(*configs) as (a, b):
+        values: dict[bytes, bytes | torch.Tensor] = {
+            b"bytes-get": b"\x00\xffshared" * 50,
+            b"tensor-get": torch.arange(96, dtype=torch.float32).reshape(8, 12),
+            b"bytes-many": bytes(range(256)) * 3,
+            b"tensor-many": torch.randn(3, 5, 7).to(torch.bfloat16),
+            b"empty": b"",
+        }
+        for key, value in values.items():
+            await a.put(key, value)
+        await a.settle()
+        assert engine_stats(a)["shared"][SHARED] == len(values)
+        for key in (b"bytes-get", b"tensor-get"):
+            same(await b.get(key), values[key])
+        many = [b"bytes-many", b"tensor-many", b"empty", b"never-put"]
+        found = await b.get_many(many)
+        assert found[-1] is None
+        for key, got in zip(many[:-1], found[:-1], strict=True):
+            same(got, values[key])
+        assert engine_stats(b)["shared_adopted"] == 5
+        await b.settle()  # promotions of what B adopted: copies, the shared ones stay
+        for key, value in values.items():
+            same(await b.get(key), value)
+            same(await a.get(key), value)
+        assert tier_stats(b)["held"] == 5
+
+
+def same(got: bytes | torch.Tensor | None, expected: bytes | torch.Tensor) -> None:
+    assert got is not None
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(got, torch.Tensor)
+        assert (got.dtype, got.shape) == (expected.dtype, expected.shape)
+        assert torch.equal(got, expected)
+    else:
+        assert got == expected
+
+
+async def test_get_many_of_misses_is_one_round_trip_per_batch(redis_url: str) -> None:
+    quiet = {"promote_on_hit": False, "prefetch_depth": 0}
+    configs = [shared_config(url=redis_url, batch=4, scheduler=quiet) for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        keys = [f"k{i}" for i in range(10)]
+        for i, key in enumerate(keys):
+            await a.put(key, b"%d" % i * 100)
+        await a.settle()
+        before = tier_stats(b)["round_trips"]
+        assert await b.get_many(keys) == [b"%d" % i * 100 for i in range(10)]
+        assert tier_stats(b)["round_trips"] - before == 3
+        assert engine_stats(b)["shared_lookups"] == 10
+        before = tier_stats(b)["round_trips"]
+        assert await b.get_many([f"absent{i}" for i in range(9)]) == [None] * 9
+        assert tier_stats(b)["round_trips"] - before == 3
+
+
+# -- invalidations -----------------------------------------------------------------------------
+async def test_an_invalidation_reaches_the_other_engine(pair: list[tierkv.Engine]) -> None:
+    a, b = pair
+    await a.put(b"P", b"prompt")
+    await a.put(b"C", b"child", parents=[b"P"])
+    await a.put(b"D", b"grandchild", parents=[b"C"])
+    await a.put(b"other", b"unrelated")
+    await a.settle()
+    assert await b.get_many([b"P", b"C", b"D", b"other"]) == [
+        b"prompt", b"child", b"grandchild", b"unrelated"]
+    await b.settle()
+    assert await b.locate(b"D") == "gpu"  # B's own promoted copy
+    await b.put(b"E", b"derived in B", parents=[b"C"])  # a descendant only B knows
+    await b.settle()
+    assert await a.invalidate(b"P") == 3
+    await eventually(lambda: dropped(b, b"P", b"C", b"D", b"E"))
+    assert await b.get_many([b"P", b"C", b"D", b"E"]) == [None] * 4
+    # E's record is still on the server (B wrote it), but it derives from an invalidated key
+    assert await a.get(b"E") is None
+    assert engine_stats(a)["shared_stale"] >= 1
+    assert engine_stats(b)["remote_invalidated"] >= 4
+    assert tier_stats(b)["invalidations_received"] >= 1
+    assert await b.get(b"other") == b"unrelated"
+    assert await a.get(b"other") == b"unrelated"
+
+
+async def test_invalidate_model_reaches_the_other_engine(pair: list[tierkv.Engine]) -> None:
+    a, b = pair
+    shared_blocks, own_blocks = chain(1, 4), chain(2, 3)
+    other_model = chain(1, 2, model="m@2")
+    await a.put_many((key, block(i)) for i, key in enumerate(shared_blocks + other_model))
+    await a.settle()
+    found = await b.get_many(shared_blocks)
+    assert all(got is not None for got in found)
+    await b.put_many((key, block(i)) for i, key in enumerate(own_blocks))  # A never saw these
+    await b.settle()
+    assert await a.invalidate_model("m@1") == len(shared_blocks)
+    await eventually(lambda: dropped(b, *shared_blocks, *own_blocks))
+    # gone, and not adopted again from the server: B's own blocks' records are still there,
+    # under the model version that was invalidated
+    assert await b.get_many(shared_blocks + own_blocks) == [None] * 7
+    assert await a.get_many(own_blocks) == [None] * 3
+    assert engine_stats(a)["shared_adopted"] == 0
+    assert engine_stats(b)["shared_stale"] + engine_stats(a)["shared_stale"] >= 3
+    kept = await b.get_many(other_model)
+    for i, got in enumerate(kept):
+        same(got, block(len(shared_blocks) + i))
+
+
+async def test_an_overwrite_reaches_the_other_engine(pair: list[tierkv.Engine]) -> None:
+    a, b = pair
+    await a.put(b"K", b"v1")
+    await a.settle()
+    assert await b.get(b"K") == b"v1"
+    await b.settle()
+    await a.put(b"K", b"v2")
+    await a.settle()
+    # B follows A's log in the background: v1 until it has read the overwrite, then v2 for
+    # good (never v1 again, never nothing once v2 is on the server)
+    seen: list[bytes | torch.Tensor | None] = []
+
+    async def reads_v2() -> bool:
+        seen.append(await b.get(b"K"))
+        return seen[-1] == b"v2"
+
+    await eventually(reads_v2)
+    assert set(seen[:-1]) <= {b"v1"}, seen
+    for _ in range(5):
+        assert await b.get(b"K") == b"v2"
+    assert await b.get_many([b"K"]) == [b"v2"]
+    assert await a.get(b"K") == b"v2"
+
+
+async def test_a_record_that_predates_an_invalidation_is_refused(
+        redis_url: str, pair: list[tierkv.Engine], raw: aioredis.Redis) -> None:
+    a, b = pair
+    await a.put(b"P", b"parent")
+    await a.put(b"K", b"child of P", parents=[b"P"])
+    await a.settle()
+    saved = await raw.get(server_key(b"K"))
+    assert saved is not None
+    await a.invalidate(b"P")
+    assert await raw.get(server_key(b"K")) is None  # A deleted it on the server
+    await eventually(lambda: heard_of_an_invalidation(b))
+    await raw.set(server_key(b"K"), saved)  # the record comes back, as from a late writer
+    assert await b.get(b"K") is None
+    assert engine_stats(b)["shared_stale"] == 1
+    assert await b.get_many([b"K"]) == [None]
+    assert await a.get(b"K") is None
+    # an engine that opens later learns the invalidation from the retained log
+    async with tierkv.open(shared_config(url=redis_url)) as late:
+        assert await late.get(b"K") is None
+        assert engine_stats(late)["shared_stale"] == 1
+        assert engine_stats(late)["shared_adopted"] == 0
+
+
+async def heard_of_an_invalidation(kv: tierkv.Engine) -> bool:
+    return bool(tier_stats(kv)["invalidations_received"] >= 1)
+
+
+async def test_tenants_never_see_each_other(pair: list[tierkv.Engine]) -> None:
+    a, b = pair
+    tenant_a, tenant_b = chain(7, 3, namespace=b"a"), chain(7, 3, namespace=b"b")
+    await a.put_many((key, block(i)) for i, key in enumerate(tenant_a))
+    await a.settle()
+    assert await b.get_many(tenant_b) == [None] * 3
+    assert await b.get(tenant_b[0]) is None
+    assert engine_stats(b)["shared_adopted"] == 0
+    found = await b.get_many(tenant_a)  # the same prompt, asked for by the same tenant
+    for i, got in enumerate(found):
+        same(got, block(i))
+
+
+# -- a server that dies ------------------------------------------------------------------------
+async def test_a_server_killed_mid_run(fresh_redis_server: RedisServer) -> None:
+    server = fresh_redis_server
+    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"K1", b"one")
+        await a.settle()
+        assert await b.get(b"K1") == b"one"
+        await b.settle()
+        server.kill()
+        # A serves and stores locally; the copy to the server fails in the background
+        assert await a.get(b"K1") == b"one"
+        await a.put(b"K2", b"two")
+        await a.settle()
+        assert await a.locate(b"K2") == "gpu"
+        assert await a.get(b"K2") == b"two"
+        # B serves what it holds and misses the rest, raising nothing
+        assert await b.get(b"K1") == b"one"
+        assert await b.get(b"K2") is None
+        assert await b.get_many([b"K2", b"K3"]) == [None, None]
+        assert engine_stats(b)["device_errors"] >= 2
+        await asyncio.to_thread(server.restart)
+        await shares_again(a, b"K3", b"three")
+        await eventually(lambda: reads(b, b"K3", b"three"))
+        # nothing local was lost
+        assert await a.get_many([b"K1", b"K2", b"K3"]) == [b"one", b"two", b"three"]
+        assert await b.get(b"K1") == b"one"
+        # and invalidations flow again
+        await b.settle()
+        await a.invalidate(b"K3")
+        await eventually(lambda: dropped(b, b"K3"))
+        assert await b.get(b"K3") is None
+
+
+async def shares_again(kv: tierkv.Engine, key: bytes, value: bytes) -> None:
+    """Put until the copy reaches the server: the first call after a restart may still find
+    a connection of the old server (redis-py reconnects on the next)."""
+    for _attempt in range(3):
+        before = engine_stats(kv)["shared"][SHARED]
+        await kv.put(key, value)
+        await kv.settle()
+        if engine_stats(kv)["shared"][SHARED] > before:
+            return
+    pytest.fail("the put was never shared after the restart")
+
+
+async def reads(kv: tierkv.Engine, key: bytes, value: bytes) -> bool:
+    return await kv.get(key) == value
+
+
+# -- a cluster ---------------------------------------------------------------------------------
+async def test_sharing_over_a_cluster(redis_cluster_nodes: list[str]) -> None:
+    configs = [shared_config(nodes=redis_cluster_nodes, batch=4) for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        keys = [f"k{i}" for i in range(12)]  # spread over the three masters' slots
+        await a.put(b"P", b"parent")
+        for i, key in enumerate(keys):
+            await a.put(key, b"%d" % i * 10, parents=[b"P"])
+        await a.settle()
+        assert await b.get(b"P") == b"parent"
+        assert await b.get_many(keys) == [b"%d" % i * 10 for i in range(12)]
+        await b.settle()
+        assert await a.invalidate(b"P") == 13
+        await eventually(lambda: dropped(b, b"P", *keys))
+        assert await b.get_many([b"P", *keys]) == [None] * 13
