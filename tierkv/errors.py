@@ -59,3 +59,7 @@ class DependencyCycleError(TierKVError, ValueError):
         super().__init__(message)
         self.parent = parent
         self.child = child
+
+
+class TierUnavailableError(DeviceError):
+    """A tier's circuit breaker is open: the call was not made (the caller skips the tier)."""

@@ -35,10 +35,9 @@ class CopyOps:
         checksum failure: the copy is forgotten)."""
         st = self._st
         try:
-            got = await st.tiers[tier].get(entry.key)
+            got = await st.guards[tier].read(st.tiers[tier].get, entry.key)
         except DeviceError as exc:
-            st.counters.device_errors += 1
-            log.warning("tier %s failed to read an object: %s", st.names[tier], exc)
+            st.device_failed(tier, "to read an object", exc)
             return None
         if got is not None and got[0].generation == entry.generation:
             return got
@@ -90,8 +89,7 @@ class CopyOps:
                 if await self.store_in(entry, payload, tier, claim, wait=True):
                     return tier
             except DeviceError as exc:
-                st.counters.device_errors += 1
-                log.warning("tier %s failed a write: %s", st.names[tier], exc)
+                st.device_failed(tier, "a write", exc)
                 failure = exc
             if not fall_through:
                 break
@@ -112,7 +110,7 @@ class CopyOps:
             if device.reclaims_space or device.fits(nbytes):
                 claim.mark(tier)
                 try:
-                    await device.put(entry.key, entry.meta, payload)
+                    await st.guards[tier].write(device.put, entry.key, entry.meta, payload)
                 except TierFullError:
                     claim.clear(tier)  # the put stored nothing
                 else:
@@ -162,10 +160,9 @@ class CopyOps:
         """Delete `key` in `tier`; False (logged, counted) if the tier failed."""
         st = self._st
         try:
-            await st.tiers[tier].delete(key)
+            await st.guards[tier].settle(st.tiers[tier].delete, key)
         except DeviceError as exc:
-            st.counters.device_errors += 1
-            log.warning("tier %s failed a delete: %s", st.names[tier], exc)
+            st.device_failed(tier, "a delete", exc)
             return False
         st.spaces[tier].freed()
         return True
@@ -177,7 +174,7 @@ class CopyOps:
             entry = st.index.get(key)
             if entry is None or tier not in entry.locations:
                 try:
-                    existed = await st.tiers[tier].delete(key)
+                    existed = await st.guards[tier].settle(st.tiers[tier].delete, key)
                 except TierKVError as exc:  # a failing or closed tier: the orphan stays
                     st.counters.device_errors += isinstance(exc, DeviceError)
                     log.warning("tier %s: cleaning up a cancelled write failed: %s",

@@ -26,7 +26,7 @@ from tierkv.engine._copies import CopyOps
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._shared import Shared
-from tierkv.engine._state import EngineState, log
+from tierkv.engine._state import EngineState
 from tierkv.errors import DeviceError
 from tierkv.formats.value import ObjectMeta, Payload
 
@@ -70,10 +70,9 @@ class Reads:
             if tier is None:
                 break
             try:
-                got = await st.tiers[tier].get(key)
+                got = await st.guards[tier].read(st.tiers[tier].get, key)
             except DeviceError as exc:
-                st.counters.device_errors += 1
-                log.warning("tier %s failed to read an object: %s", st.names[tier], exc)
+                st.device_failed(tier, "to read an object", exc)
                 failed.append(tier)
                 continue
             if st.index.get(key) is not entry:
@@ -97,10 +96,9 @@ class Reads:
         assert tier is not None
         entries = [st.index.get(key) for key in keys]
         try:
-            got = await st.tiers[tier].get_many(keys)
+            got = await st.guards[tier].read(st.tiers[tier].get_many, keys)
         except DeviceError as exc:
-            st.counters.device_errors += 1
-            log.warning("tier %s failed to read objects: %s", st.names[tier], exc)
+            st.device_failed(tier, "to read objects", exc)
             return [None] * len(keys)
         results: list[Found | None] = []
         for key, entry, found in zip(keys, entries, got, strict=True):

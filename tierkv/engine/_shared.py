@@ -152,12 +152,12 @@ class Shared:
     async def lookup(self, keys: Sequence[bytes]) -> list[Found | None]:
         """The shared tier's objects for keys the index does not know, adopted; misses and
         refused records are ``None``."""
-        st, tier = self._st, self.tier
-        if tier is None or not keys:
+        st, tier, index = self._st, self.tier, self.index
+        if tier is None or index is None or not keys:
             return [None] * len(keys)
         st.counters.shared_lookups += len(keys)
         try:
-            records = await tier.fetch_many(keys)
+            records = await st.guards[index].read(tier.fetch_many, keys)
         except DeviceError as exc:
             self._failed("a lookup", exc)
             return [None] * len(keys)
@@ -214,12 +214,13 @@ class Shared:
     async def publish(self, keys: Sequence[bytes]) -> None:
         """Delete `keys` on the server and tell the fleet they are invalid. A server that
         cannot be reached leaves the invalidation local (logged, counted)."""
-        tier = self.tier
-        if tier is None or tier.fleet is None or not keys:
+        tier, index = self.tier, self.index
+        if tier is None or index is None or tier.fleet is None or not keys:
             return
         try:
-            await tier.delete_many(keys)
-            await tier.fleet.publish(keys)
+            guard = self._st.guards[index]
+            await guard.settle(tier.delete_many, keys)
+            await guard.settle(tier.fleet.publish, keys)
         except DeviceError as exc:
             self._failed("an invalidation (it stays local)", exc)
 

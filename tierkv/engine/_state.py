@@ -8,12 +8,13 @@ holds no logic beyond starting and tracking the engine's background tasks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, WritePolicy
+from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, TierKind, WritePolicy
 from tierkv.config.schema import (
     DEFAULT_FREE_HIGH,
     DEFAULT_FREE_LOW,
@@ -22,12 +23,14 @@ from tierkv.config.schema import (
 )
 from tierkv.engine._budget import ByteBudget
 from tierkv.engine._commit import GroupCommit
+from tierkv.engine._guard import Guard
 from tierkv.engine._index import Index
 from tierkv.engine._keys import KeyGate, Scrub
 from tierkv.engine._space import TierSpace
 from tierkv.engine.dag import Dag
 from tierkv.engine.stats import EngineCounters
-from tierkv.errors import EngineClosedError
+from tierkv.errors import DeviceError, EngineClosedError, TierUnavailableError
+from tierkv.health import BreakerState
 from tierkv.scheduler import Scheduler
 from tierkv.tiers.base import Tier, ZeroCopyPinning
 
@@ -66,8 +69,15 @@ class EngineState:
             TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
             for tier, tier_config in zip(tiers, config.tiers, strict=True)
         )
+        #: each tier's circuit breaker, through which every call into the tier goes
+        self.guards = tuple(
+            Guard(index, tier.name, config.health, self._breaker_changed,
+                  timed=tier.kind is not TierKind.GPU)
+            for index, tier in enumerate(tiers))
         group = config.engine.group_commit
-        self.commits = tuple(GroupCommit(tier.flush, enabled=group) for tier in tiers)
+        self.commits = tuple(
+            GroupCommit(functools.partial(guard.settle, tier.flush), enabled=group)
+            for tier, guard in zip(tiers, self.guards, strict=True))
         #: public calls in progress, and the event close waits on for them to end
         self.active = 0
         self.quiet = asyncio.Event()
@@ -81,6 +91,23 @@ class EngineState:
         if tier.reclaims_space or not isinstance(config, GpuTierConfig | PmemTierConfig):
             return None
         return config.free_low, config.free_high
+
+    def _breaker_changed(self, tier: int, state: BreakerState) -> None:
+        """No put or move is planned into a tier whose breaker is open; a half-open one takes
+        them again, and those calls are its probes."""
+        self.scheduler.usable[tier] = state is not BreakerState.OPEN
+        self.counters.breaker_transitions[f"{self.names[tier]}:{state.value}"] += 1
+        if state is not BreakerState.OPEN:
+            self.spaces[tier].cue.set()
+
+    def device_failed(self, tier: int, what: str, exc: DeviceError) -> None:
+        """Count a failed call into `tier` (`what` it failed), and log it unless the tier was
+        skipped for an open breaker (which the breaker logged once when it opened)."""
+        if isinstance(exc, TierUnavailableError):
+            self.counters.breaker_skips += 1
+            return
+        self.counters.device_errors += 1
+        log.warning("tier %s failed %s: %s", self.names[tier], what, exc)
 
     async def _scrub(self, key: bytes, dirty: set[int]) -> None:
         assert self.scrub is not None, "the engine installs the scrub before any operation"

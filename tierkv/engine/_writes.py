@@ -97,7 +97,7 @@ class Writes:
                 if got is None or entry.detached:
                     return False
                 for tier in durable:
-                    await st.tiers[tier].put(key, meta, got[1])
+                    await st.guards[tier].write(st.tiers[tier].put, key, meta, got[1])
                     await st.commits[tier].sync()
             entry.meta = meta
             return True

@@ -77,6 +77,7 @@ class Engine:
         self._evictors[0].protect_pins(self._pins.counts)
         self._evictor_tasks: list[asyncio.Task[None]] = []
         self._expiry_tasks: list[asyncio.Task[None]] = []
+        self._health_tasks: list[asyncio.Task[None]] = []
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
@@ -105,7 +106,16 @@ class Engine:
             if (ttl := idle_ttl(tier_config)) is not None:
                 self._expiry_tasks.append(asyncio.create_task(expire_idle(
                     st, self._executor, self._evictors[index], index, ttl)))
+        self._health_tasks.append(asyncio.create_task(self._watch_breakers()))
         await self._shared.start(self._invalidations.forget)
+
+    async def _watch_breakers(self) -> None:
+        """Ask each breaker its state every second: an open one past its cool-down turns
+        half-open, and the scheduler plans puts and moves into its tier again (its probes)."""
+        while True:
+            await asyncio.sleep(BREAKER_POLL)
+            for guard in self._st.guards:
+                guard.poll()
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
@@ -139,7 +149,7 @@ class Engine:
             st.closing = True
             for space in st.spaces:
                 space.close()
-            background = [*self._evictor_tasks, *self._expiry_tasks]
+            background = [*self._evictor_tasks, *self._expiry_tasks, *self._health_tasks]
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -346,7 +356,13 @@ class Engine:
                            for i, c in enumerate(st.commits) if self.tiers[i].persistent},
             write_policy=self.config.engine.write_policy.value,
         )
-        return {"engine": engine, "tiers": {tier.name: tier.stats() for tier in self.tiers}}
+        return {"engine": engine,
+                "tiers": {tier.name: {**tier.stats(), **guard.stats()}
+                          for tier, guard in zip(self.tiers, st.guards, strict=True)}}
+
+
+#: seconds between two looks at the circuit breakers (`_watch_breakers`)
+BREAKER_POLL = 1.0
 
 
 class _Call:

@@ -64,6 +64,10 @@ class EngineCounters:
     shared_stale: int = 0
     shared_busy: int = 0
     remote_invalidated: int = 0
+    #: circuit breakers: state changes ("tier:state" → count), and calls not made into a tier
+    #: whose breaker was open (the caller read elsewhere or wrote to the next tier)
+    breaker_transitions: Counter[str] = field(default_factory=Counter)
+    breaker_skips: int = 0
     #: objects recovered at open and dropped because the fleet's log no longer reached back
     #: to this engine's saved cursor
     shared_recovered_dropped: int = 0

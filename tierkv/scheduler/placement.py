@@ -30,23 +30,28 @@ class TierShape(SizedTier, Protocol):
     def reclaims_space(self) -> bool: ...
 
 
-def first_tier_for(tiers: Sequence[SizedTier], nbytes: int, start: int = 0) -> int | None:
-    """Index of the first tier at or after `start` able to hold `nbytes`, or ``None``."""
+def first_tier_for(tiers: Sequence[SizedTier], nbytes: int, start: int = 0,
+                   usable: Sequence[bool] | None = None) -> int | None:
+    """Index of the first tier at or after `start` able to hold `nbytes`, or ``None``;
+    `usable[i]` False: tier i is passed over (its circuit breaker is open)."""
     for index in range(start, len(tiers)):
-        if tiers[index].can_ever_hold(nbytes):
+        if (usable is None or usable[index]) and tiers[index].can_ever_hold(nbytes):
             return index
     return None
 
 
-def demotion_target(tiers: Sequence[SizedTier], index: int, nbytes: int) -> int | None:
+def demotion_target(tiers: Sequence[SizedTier], index: int, nbytes: int,
+                    usable: Sequence[bool] | None = None) -> int | None:
     """Where an object evicted from tier `index` goes; ``None`` means it is dropped."""
-    return first_tier_for(tiers, nbytes, index + 1)
+    return first_tier_for(tiers, nbytes, index + 1, usable)
 
 
-def first_persistent_for(tiers: Sequence[TierShape], nbytes: int, start: int = 0) -> int | None:
+def first_persistent_for(tiers: Sequence[TierShape], nbytes: int, start: int = 0,
+                         usable: Sequence[bool] | None = None) -> int | None:
     """The first persistent tier at or after `start` able to hold `nbytes`: where write-through
     puts and `flush` make an object durable; ``None`` if there is none."""
     for index in range(start, len(tiers)):
-        if tiers[index].persistent and tiers[index].can_ever_hold(nbytes):
+        if ((usable is None or usable[index]) and tiers[index].persistent
+                and tiers[index].can_ever_hold(nbytes)):
             return index
     return None

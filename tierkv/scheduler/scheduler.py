@@ -83,6 +83,8 @@ class Scheduler:
             self.policies = self._scored
         else:
             self.policies = tuple(LruPolicy() for _ in self._tiers)
+        #: False for a tier whose circuit breaker is open: no put or move is planned into it
+        self.usable = [True] * len(self._tiers)
         #: each tier's access profile, set by the engine once measured (`select_tier`)
         self.profiles: tuple[TierProfile, ...] | None = None
         #: admission filters of the persistent tiers (index -> filter), `lru++` only
@@ -151,20 +153,22 @@ class Scheduler:
         score then decides where it lives, through eviction and promotion); with one,
         `select_tier` over the tiers' profiles at the key's access frequency."""
         if latency_slo is None or self.profiles is None:
-            return first_tier_for(self._tiers, nbytes)
-        room = [tier.can_ever_hold(nbytes) and (tier.reclaims_space or tier.fits(nbytes))
-                for tier in self._tiers]
+            return first_tier_for(self._tiers, nbytes, 0, self.usable)
+        room = [usable and tier.can_ever_hold(nbytes) and (tier.reclaims_space
+                                                           or tier.fits(nbytes))
+                for tier, usable in zip(self._tiers, self.usable, strict=True)]
         chosen = select_tier(self.profiles, nbytes, latency_slo,
                              self.book.frequency(key, now), room)
-        return chosen if chosen is not None else first_tier_for(self._tiers, nbytes)
+        return chosen if chosen is not None else first_tier_for(self._tiers, nbytes, 0,
+                                                                self.usable)
 
     def next_tier(self, nbytes: int, after: int) -> int | None:
         """Where a write that the tier `after` could not take goes next."""
-        return first_tier_for(self._tiers, nbytes, after + 1)
+        return first_tier_for(self._tiers, nbytes, after + 1, self.usable)
 
     def durable_tier(self, nbytes: int, start: int = 0) -> int | None:
         """Where write-through and `flush` make an object durable."""
-        return first_persistent_for(self._tiers, nbytes, start)
+        return first_persistent_for(self._tiers, nbytes, start, self.usable)
 
     # -- moves -------------------------------------------------------------------------------
     def departures(self, tier: int, count: int, protected: Callable[[bytes], bool],
@@ -206,9 +210,9 @@ class Scheduler:
         shared = self.shared
         if any(location > tier and location != shared for location in copies.locations):
             return Evict(key, generation, nbytes, tier)
-        target = demotion_target(self._tiers, tier, nbytes)
+        target = demotion_target(self._tiers, tier, nbytes, self.usable)
         while target is not None and target != shared and not self._admits(target, key):
-            target = demotion_target(self._tiers, target, nbytes)
+            target = demotion_target(self._tiers, target, nbytes, self.usable)
         if target is not None and target == shared and shared in copies.locations:
             # the shared tier has it already: leaving the local tiers is all there is to do
             return Evict(key, generation, nbytes, tier)
@@ -228,7 +232,7 @@ class Scheduler:
         when the first tier has room or its next victim ranks below the object."""
         top = 0
         if (not self._config.promote_on_hit or served_from <= top or top in copies.locations
-                or self._tiers[top].reclaims_space
+                or not self.usable[top] or self._tiers[top].reclaims_space
                 or not self._tiers[top].can_ever_hold(copies.nbytes)):
             return None
         if self.scored and not self._earns(top, copies.key, copies.nbytes):
@@ -248,7 +252,7 @@ class Scheduler:
         """The copy of a put into the shared tier (where there is one and it can hold it),
         from the fastest tier holding it."""
         shared, locations = self.shared, copies.locations
-        if (shared is None or not locations or shared in locations
+        if (shared is None or not locations or shared in locations or not self.usable[shared]
                 or not self._tiers[shared].can_ever_hold(copies.nbytes)):
             return None
         return Share(copies.key, copies.generation, copies.nbytes, locations[0], shared)
@@ -258,7 +262,8 @@ class Scheduler:
         test: the caller or the chain says it will be read soon)."""
         locations = copies.locations
         top = 0
-        if (not locations or top in locations or self._tiers[top].reclaims_space
+        if (not locations or top in locations or not self.usable[top]
+                or self._tiers[top].reclaims_space
                 or not self._tiers[top].can_ever_hold(copies.nbytes)):
             return None
         return Promote(copies.key, copies.generation, copies.nbytes, locations[0], top,

@@ -104,7 +104,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tierkv._concurrency import outlive_cancel
@@ -128,6 +128,7 @@ from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
+from tierkv.tiers.nvme.io._blockio import BlockIO
 
 #: bytes reserved for the object header when sizing an object before its header exists
 HEADER_ALLOWANCE = 256
@@ -156,6 +157,9 @@ class NvmeTier(Tier):
         self._log = RegionLog(self._st, self._writes)
         self._checkpoint = CheckpointIO(self._st, self._writes)
         self._recovery = NvmeRecovery(self._st, self._checkpoint)
+        #: a hook for fault injection (`tierkv.testing.faults`): wraps the block device the
+        #: tier opens, so that injected faults arrive where a failing device's would
+        self.wrap_io: Callable[[BlockIO], BlockIO] | None = None
 
     # -- geometry --------------------------------------------------------------------------------
     @property
@@ -201,6 +205,8 @@ class NvmeTier(Tier):
         st.device = device
         try:
             st.io = make_backend(self.config, device)
+            if self.wrap_io is not None:
+                st.io = self.wrap_io(st.io)
             await self._recovery.load_or_format(device)  # makes the index for the log's grain
             st.reserve.tally(st.regions, st.regions.made)
             st.reserve.hold(st.index)

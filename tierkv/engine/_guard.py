@@ -1,0 +1,131 @@
+"""Each tier's circuit breaker, as the engine's calls into the tier see it.
+
+Every call the engine makes into a tier goes through the tier's `Guard`, one of three ways:
+
+- `read` (get, get_many, the shared tier's lookups): skipped while the breaker is open
+  (`TierUnavailableError`, a `DeviceError`: the caller reads the next copy, or misses); a read
+  slower than `[health] slow_operation` is cut off there — the caller goes on without it — and
+  counts as failed. Cutting it off is cancelling it, which the Tier contract makes safe: the
+  tier's own background work (a region read, a copy on a worker thread) finishes by itself and
+  holds its buffers until it does.
+- `write` (put): skipped while the breaker is open, so the write falls through to the next
+  tier; a slow write counts as failed but is waited for (a write cut off half-way would only
+  have to be scrubbed, and the object must land somewhere).
+- `settle` (delete, flush): never skipped, never cut off, only recorded: a delete is what keeps
+  an invalidated object from coming back, and a flush is what makes an acknowledged one durable.
+
+A failure is a `DeviceError` of the tier (or a cut-off read); other errors (a full tier, a
+closed engine, a cancelled caller) say nothing about the device. A state change is logged by
+the breaker, counted here, and handed to the listener (the engine tells the scheduler, so that
+no put or move is planned into an open tier). An open breaker turns half-open only when asked
+after its cool-down: `poll` asks (the engine's health task calls it every second), and the
+calls then admitted are its probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+from tierkv.config import HealthConfig
+from tierkv.errors import DeviceError, TierUnavailableError
+from tierkv.health import BreakerState, CircuitBreaker
+from tierkv.health.breaker import Permit
+
+P = ParamSpec("P")
+T = TypeVar("T")
+#: called on the loop after a tier's breaker changed state: (tier index, new state)
+Changed = Callable[[int, BreakerState], None]
+
+
+class Guard:
+    __slots__ = ("_changed", "_clock", "_index", "_slow", "_timed", "breaker", "name",
+                 "transitions")
+
+    def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
+                 timed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self._index = index
+        #: reads are cut off at `slow_operation` (not in a tier that does no IO, the gpu
+        #: slot pool, whose reads are copies on the loop: a timer would cost more than they do)
+        self._timed = timed
+        self.name = name
+        self._changed = changed
+        self._clock = clock
+        self._slow = health.slow_operation
+        #: state changes by the state entered
+        self.transitions: dict[str, int] = {state.value: 0 for state in BreakerState}
+        self.breaker = CircuitBreaker.from_config(health, name=name, on_change=self._on_change)
+
+    def _on_change(self, old: BreakerState, new: BreakerState, now: float) -> None:
+        self.transitions[new.value] += 1
+        self._changed(self._index, new)
+
+    def poll(self) -> BreakerState:
+        """The breaker's state now (an open one past its cool-down turns half-open here)."""
+        return self.breaker.state(self._clock())
+
+    async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        permit = self._admit()
+        breaker = self.breaker
+        try:
+            if self._timed:
+                async with asyncio.timeout(self._slow):
+                    result = await call(*args, **kwargs)
+            else:
+                result = await call(*args, **kwargs)
+        except TimeoutError:
+            breaker.failure(permit, self._clock())
+            raise DeviceError(f"tier {self.name!r} did not answer a read within "
+                              f"{self._slow:g}s; read elsewhere") from None
+        except BaseException as exc:
+            self._report(permit, exc)
+            raise
+        breaker.success(permit, self._clock())
+        return result
+
+    async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+        permit = self._admit()
+        try:
+            result = await call(*args, **kwargs)
+        except BaseException as exc:
+            self._report(permit, exc)
+            raise
+        self.breaker.success(permit, self._clock())
+        return result
+
+    async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
+                     **kwargs: P.kwargs) -> T:
+        """A call that must be made whatever the breaker says; its outcome is recorded when
+        the breaker admits a call now (it is not a probe otherwise)."""
+        permit = self.breaker.allow(self._clock())
+        try:
+            result = await call(*args, **kwargs)
+        except BaseException as exc:
+            if permit is not None:
+                self._report(permit, exc)
+            raise
+        if permit is not None:
+            self.breaker.success(permit, self._clock())
+        return result
+
+    def _admit(self) -> Permit:
+        permit = self.breaker.allow(self._clock())
+        if permit is None:
+            raise TierUnavailableError(f"tier {self.name!r} is unavailable (its circuit breaker "
+                                       "is open)")
+        return permit
+
+    def _report(self, permit: Permit, exc: BaseException) -> None:
+        if isinstance(exc, DeviceError):
+            self.breaker.failure(permit, self._clock())
+        else:  # not the device's doing: cancelled, full, closed
+            self.breaker.cancel(permit)
+
+    def stats(self) -> dict[str, Any]:
+        snapshot = self.breaker.snapshot(self._clock())
+        return {"breaker": snapshot.state.value, "breaker_opened": snapshot.opened,
+                "breaker_rejected": snapshot.rejected, "breaker_failures": snapshot.failures,
+                "breaker_slow": snapshot.slow}
