@@ -31,6 +31,7 @@ from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
 from tierkv.formats.shared_record import SharedRecord, decode_record, encode_record
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers.base import RecoveredObject, Tier
+from tierkv.tiers.redis._batch import SetBatcher
 from tierkv.tiers.redis._client import hiredis_available, import_client, make_client
 from tierkv.tiers.redis._fleet import Fleet
 
@@ -51,6 +52,11 @@ class _Held:
     footprint: int
 
 
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class RedisTier(Tier):
     kind: ClassVar[TierKind] = TierKind.REDIS
     shared: ClassVar[bool] = True
@@ -64,6 +70,8 @@ class RedisTier(Tier):
         self._held: dict[bytes, _Held] = {}
         self._used = 0
         self.fleet: Fleet | None = None
+        #: puts of one turn of the loop, sent together (`_batch`)
+        self._sets: SetBatcher | None = None
         #: calls in flight at once: redis-py's pools raise `MaxConnectionsError` rather than wait
         #: for a connection, and the fleet's blocking read holds one of them
         self._slots = asyncio.Semaphore(config.pool_size)
@@ -79,6 +87,8 @@ class RedisTier(Tier):
         except DeviceError:
             await self._disconnect()
             raise
+        self._sets = SetBatcher(lambda: self._client.pipeline(transaction=False), self._call,
+                                self.config.batch, f"redis tier {self.name!r}")
         self.fleet = Fleet(self.config, self._client, self._call)
         await self.fleet.start()
         return []
@@ -86,6 +96,8 @@ class RedisTier(Tier):
     async def _close(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
+        if self._sets is not None:
+            await self._sets.drain()
         await self._disconnect()
 
     async def _disconnect(self) -> None:
@@ -145,12 +157,20 @@ class RedisTier(Tier):
         view = payload_view(payload)
         record, payload_checksum = encode_record(key, meta, view, stamp)
         ttl = self.config.ttl
-        command = (self._client.set(self.server_key(key), record, px=int(ttl * 1000))
-                   if ttl is not None else self._client.set(self.server_key(key), record))
-        self._counters["round_trips"] += 1
+        assert self._sets is not None
+        answered = self._sets.set(self.server_key(key), record,
+                                  None if ttl is None else int(ttl * 1000))
         # what was held goes first: a failed or cancelled put may have replaced it on the server
         self._forget(key)
-        await self._call(command)
+        try:
+            async with asyncio.timeout(self.config.timeout):
+                await asyncio.shield(answered)
+        except TimeoutError:
+            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
+                              f"answer a put within {self.config.timeout:g}s") from None
+        finally:
+            if not answered.done():  # given up on: its outcome is retrieved, and dropped
+                answered.add_done_callback(_retrieved)
         self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint))
         return ()
 
@@ -285,6 +305,8 @@ class RedisTier(Tier):
     def stats(self) -> dict[str, Any]:
         stats = super().stats()
         stats.update(self._counters, held=len(self._held), shared=True)
+        if self._sets is not None:
+            stats["round_trips"] += self._sets.round_trips
         if self.fleet is not None:
             stats.update(self.fleet.stats())
         return stats
