@@ -15,8 +15,8 @@ that publishes waits until its own entry has come back through its follower (`pu
 next records are stamped after it.
 
 `tombs` maps each key the retained log invalidated to the order of the latest entry naming it.
-`horizon`: entries up to this order were trimmed; a record stamped before it cannot be checked
-and is refused.
+`horizon`: entries up to this order were trimmed (the newest trimmed, which the publisher that
+trimmed it records, `_APPEND`); a record stamped before it cannot be checked and is refused.
 """
 
 from __future__ import annotations
@@ -47,6 +47,20 @@ _PAGE = 512
 _MAX_BACKOFF = 2.0
 
 
+#: appends an entry and trims what is older than the retention, atomically, keeping the id of
+#: the newest entry trimmed as the log's horizon (Redis 7.0 reports trims nowhere: its
+#: `max-deleted-entry-id` counts only XDEL). KEYS: the stream, the horizon; ARGV: the oldest id
+#: kept, this engine's origin mark, the msgpack list of keys.
+_APPEND = """
+local gone = redis.call('XREVRANGE', KEYS[1], '(' .. ARGV[1], '-', 'COUNT', 1)
+if #gone > 0 then
+    redis.call('SET', KEYS[2], gone[1][1])
+    redis.call('XTRIM', KEYS[1], 'MINID', ARGV[1])
+end
+return redis.call('XADD', KEYS[1], '*', 'o', ARGV[2], 'k', ARGV[3])
+"""
+
+
 def entry_order(entry_id: bytes | str) -> int:
     """The integer order of a stream entry id ``ms-seq``."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -63,7 +77,10 @@ class Fleet:
         self._config = config
         self._client = client
         self._call = call
-        self.stream = config.key_prefix.encode() + b"invalidations"
+        prefix = config.key_prefix.encode()
+        # one hash tag: the log and its horizon live in one cluster slot, for `_APPEND`
+        self.stream = prefix + b"{fleet}:invalidations"
+        self.horizon_key = prefix + b"{fleet}:horizon"
         #: this engine's mark on its entries, so that its follower does not apply them twice
         self.origin = os.urandom(8)
         self.tombs: dict[bytes, int] = {}
@@ -107,9 +124,9 @@ class Fleet:
         if not keys:
             return
         trim = max(int((time.time() - self._config.retention) * 1000), 0)
-        fields = {b"o": self.origin, b"k": msgpack.packb(list(keys), use_bin_type=True)}
-        entry_id = await self._call(self._client.xadd(
-            self.stream, fields, minid=trim, approximate=True))
+        entry_id = await self._call(self._client.eval(
+            _APPEND, 2, self.stream, self.horizon_key, f"{trim}-0", self.origin,
+            msgpack.packb(list(keys), use_bin_type=True)))
         order = entry_order(entry_id)
         self._tomb(keys, order)
         self._counters["invalidations_published"] += 1
@@ -189,10 +206,7 @@ class Fleet:
     async def _read_horizon(self) -> None:
         """Learn what was trimmed; if entries this engine had not read are gone, it cannot
         know what they invalidated: the lost listener clears what it holds."""
-        if not await self._call(self._client.exists(self.stream)):
-            return  # no engine has published yet
-        info = await self._call(self._client.xinfo_stream(self.stream))
-        trimmed = info.get("max-deleted-entry-id") or info.get(b"max-deleted-entry-id")
+        trimmed = await self._call(self._client.get(self.horizon_key))
         horizon = entry_order(trimmed) if trimmed else 0
         lost = horizon > self.cursor and self.cursor > 0
         self.horizon = max(self.horizon, horizon)

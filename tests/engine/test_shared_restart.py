@@ -1,0 +1,63 @@
+"""Restarting an engine that shares a redis tier: what the fleet invalidated while it was down
+is gone when it comes back (its saved cursor in the fleet's log), and if the log no longer
+reaches back to that cursor, nothing it recovered is served."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine._configs import gpu_tier, pmem_tier
+
+pytestmark = [pytest.mark.redis, pytest.mark.pmem]
+
+
+def engine(directory: Path, url: str, **redis: Any) -> dict[str, Any]:
+    directory.mkdir(exist_ok=True)
+    return {"tiers": [gpu_tier(), pmem_tier(directory),
+                      {"name": "shared", "kind": "redis", "url": url, "capacity": "64MiB",
+                       **redis}]}
+
+
+async def test_what_the_fleet_invalidated_while_an_engine_was_down_is_gone_after_it(
+        tmp_path: Path, redis_url: str) -> None:
+    a, b = engine(tmp_path / "a", redis_url), engine(tmp_path / "b", redis_url)
+    async with tierkv.open(a) as kv:
+        for key in (b"k1", b"k2", b"k3"):
+            await kv.put(key, key * 100)
+        await kv.settle()
+    async with tierkv.open(b) as other:  # while a is down
+        await other.invalidate(b"k1")
+        await other.put(b"k3", b"new" * 100)  # b never held k3: a fresh put, not an invalidation
+    async with tierkv.open(a) as kv:
+        assert await kv.get(b"k1") is None
+        assert await kv.get(b"k2") == b"k2" * 100
+        assert kv.stats()["engine"]["shared_recovered_dropped"] == 0
+        await kv.put(b"k1", b"again" * 100)  # stored after the invalidation: it stays
+    async with tierkv.open(a) as kv:
+        assert await kv.get(b"k1") == b"again" * 100
+
+
+async def test_an_engine_the_log_no_longer_reaches_back_to_drops_what_it_recovered(
+        tmp_path: Path, redis_url: str) -> None:
+    retention = {"retention": "50ms"}
+    a, b = engine(tmp_path / "a", redis_url, **retention), engine(tmp_path / "b", redis_url,
+                                                                  **retention)
+    async with tierkv.open(a) as kv:
+        await kv.put(b"k1", b"v1" * 100)
+        await kv.put(b"k2", b"v2" * 100)
+    async with tierkv.open(b) as other:
+        await other.invalidate(b"k1")
+        await asyncio.sleep(0.2)
+        await other.invalidate(b"unrelated")  # its append trims the first entry
+        assert other.stats()["tiers"]["shared"]["log_horizon"] == 0  # b read both: no gap
+    async with tierkv.open(a) as kv:
+        # a cannot know what the trimmed entry said: it serves nothing it recovered
+        assert kv.stats()["engine"]["shared_recovered_dropped"] == 2
+        assert kv.stats()["tiers"]["shared"]["log_horizon"] > 0
+        assert await kv.get(b"k2") in (None, b"v2" * 100)  # None locally; the shared copy may
+        assert await kv.get(b"k1") is None  # the invalidated one never comes back
