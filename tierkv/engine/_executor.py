@@ -18,11 +18,16 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tierkv.engine._moves import Moves
 from tierkv.engine._state import EngineState
+from tierkv.engine._tracing import current_call
 from tierkv.errors import TierKVError
 from tierkv.scheduler import Plan, Promote, Share, departs_from
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 log = logging.getLogger("tierkv.engine")
 
@@ -34,7 +39,8 @@ class _Lane:
     __slots__ = ("queue", "ready")
 
     def __init__(self) -> None:
-        self.queue: deque[tuple[Plan, bool, Done | None]] = deque()
+        #: (plan, background, done, the span of the call that submitted it)
+        self.queue: deque[tuple[Plan, bool, Done | None, Span | None]] = deque()
         self.ready = asyncio.Event()
 
 
@@ -63,9 +69,11 @@ class MoveExecutor:
     def submit(self, plan: Plan, done: Done | None = None, *, background: bool) -> None:
         """Run `plan` in the background; its entry must already be marked `moving`.
         `background`: no write waits for it (expiry, promotion): it is paced by
-        `background_bandwidth` too."""
+        `background_bandwidth` too. Traced, the move's span descends from the traced call
+        submitting it (`_tracing`)."""
         lane = self._lanes[-1 if isinstance(plan, Promote | Share) else departs_from(plan)]
-        lane.queue.append((plan, background, done))
+        parent = None if self._st.tracing is None else current_call()
+        lane.queue.append((plan, background, done, parent))
         self.in_flight += 1
         self._idle.clear()
         lane.ready.set()
@@ -87,14 +95,15 @@ class MoveExecutor:
             while not lane.queue:
                 lane.ready.clear()
                 await lane.ready.wait()
-            plan, background, done = lane.queue.popleft()
-            await self._run(plan, background, done)
+            plan, background, done, parent = lane.queue.popleft()
+            await self._run(plan, background, done, parent)
 
-    async def _run(self, plan: Plan, background: bool, done: Done | None) -> None:
+    async def _run(self, plan: Plan, background: bool, done: Done | None,
+                   parent: Span | None) -> None:
         st = self._st
         carried_out = failed = False
         try:
-            carried_out = await self._moves.run(plan, background=background)
+            carried_out = await self._moves.run(plan, background=background, parent=parent)
         except TierKVError as exc:
             failed = True
             st.counters.moves_failed += 1

@@ -34,7 +34,7 @@ Found = tuple[ObjectMeta, Payload]
 
 
 class Reads:
-    __slots__ = ("_copies", "_executor", "_fan_out", "_shared", "_st")
+    __slots__ = ("_copies", "_executor", "_fan_out", "_shared", "_st", "served")
 
     def __init__(self, state: EngineState, copies: CopyOps, executor: MoveExecutor,
                  shared: Shared) -> None:
@@ -45,15 +45,22 @@ class Reads:
         #: lower-tier reads one `get_many` keeps in flight: the deepest queue below the top
         self._fan_out = max((tier.queue_depth for tier in state.tiers[1:]),
                             default=state.tiers[0].queue_depth)
+        #: the tier that served the `get` that returned last (None: it missed), for its
+        #: caller to read as `get` returns, before its next await (latency, spans)
+        self.served: int | None = None
 
     async def get(self, key: bytes) -> Found | None:
         st = self._st
         st.counters.gets += 1
-        found = await self._local(key)
-        if found is None and self._shared.tier is not None and key not in st.index:
-            found = (await self._shared.lookup([key]))[0]
+        found = await self._local(key)  # a hit sets `served` as it returns
         if found is None:
-            st.counters.misses += 1
+            self.served = None
+            if self._shared.tier is not None and key not in st.index:
+                found = (await self._shared.lookup([key]))[0]
+                if found is not None:
+                    self.served = self._shared.index
+            if found is None:
+                st.counters.misses += 1
         st.scheduler.looked_up(key, found is not None)
         return found
 
@@ -79,9 +86,11 @@ class Reads:
                 break  # replaced or removed while we read
             if got is not None and got[0].generation == entry.generation:
                 st.counters.hits[st.names[tier]] += 1
+                st.read_bytes[tier] += entry.nbytes
                 st.scheduler.accessed(tier, key, st.now())
                 if tier:
                     self._maybe_promote(entry, tier)
+                self.served = tier
                 return got
             if tier in entry.locations:
                 self._copies.lost(entry, tier)
@@ -106,6 +115,7 @@ class Reads:
                 results.append(None)
             elif found is not None and found[0].generation == entry.generation:
                 st.counters.hits[st.names[tier]] += 1
+                st.read_bytes[tier] += entry.nbytes
                 st.scheduler.accessed(tier, key, st.now())
                 self._maybe_promote(entry, tier)
                 results.append(found)

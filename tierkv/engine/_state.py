@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, TierKind, WritePolicy
 from tierkv.config.schema import (
@@ -26,7 +26,10 @@ from tierkv.engine._commit import GroupCommit
 from tierkv.engine._guard import Guard
 from tierkv.engine._index import Index
 from tierkv.engine._keys import KeyGate, Scrub
+from tierkv.engine._latency import Latencies
 from tierkv.engine._space import TierSpace
+from tierkv.engine._storms import MissWatch
+from tierkv.engine._tracing import Tracing, tracer_for
 from tierkv.engine.dag import Dag
 from tierkv.engine.stats import EngineCounters
 from tierkv.errors import DeviceError, EngineClosedError, TierUnavailableError
@@ -34,12 +37,16 @@ from tierkv.health import BreakerState
 from tierkv.scheduler import Scheduler
 from tierkv.tiers.base import Tier, ZeroCopyPinning
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
 log = logging.getLogger("tierkv.engine")
 
 
 class EngineState:
     def __init__(self, config: Config, tiers: tuple[Tier, ...],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self.config = config
         #: the time policy sees (access times, decay, TTL); a replay passes a virtual clock
         self.now = clock
@@ -57,6 +64,16 @@ class EngineState:
         self.index = Index([tier.persistent for tier in tiers], self.scheduler, self.dag,
                            self.scheduler.shared)
         self.counters = EngineCounters()
+        #: get and put latency histograms, the miss-storm watch (fed by the engine's gets) and
+        #: the spans (None: no tracer installed, nothing traced)
+        self.latency = Latencies(len(tiers))
+        #: payload bytes read out of each tier, by index: gets it served, and the copies
+        #: promotions, demotions and shares made from it (a list, not a `Counter` by name:
+        #: every get adds to it)
+        self.read_bytes = [0] * len(tiers)
+        self.misses = MissWatch(config.health, clock)
+        tracer = tracer_for(tracer_provider)
+        self.tracing = None if tracer is None else Tracing(tracer, self.names)
         #: objects the engine keeps for itself in a persistent tier (never indexed): key → tier
         self.own: dict[bytes, int] = {}
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

@@ -22,23 +22,25 @@ behind, and background work is never cancelled because a caller stopped waiting 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from tierkv.config import Config, GpuTierConfig
-from tierkv.config.schema import idle_ttl
+from tierkv.engine._background import Background
+from tierkv.engine._call import Call as _Call
 from tierkv.engine._copies import CopyOps
-from tierkv.engine._evictor import Evictor
 from tierkv.engine._executor import MoveExecutor
-from tierkv.engine._expiry import expire_idle
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
+from tierkv.engine._metrics import engine_metrics, engine_stats
 from tierkv.engine._moves import Moves
 from tierkv.engine._pins import PinContext, Pins
 from tierkv.engine._profiles import measure_profiles
@@ -46,11 +48,28 @@ from tierkv.engine._reads import Found, Reads
 from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState, log
+from tierkv.engine._storms import MissStormCallback
+from tierkv.engine._tracing import (
+    DELETE,
+    FLUSH,
+    GET,
+    GET_MANY,
+    INVALIDATE,
+    INVALIDATE_MODEL,
+    PUT,
+    PUT_MANY,
+    Tracing,
+    traced_get,
+)
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError, TierKVError
 from tierkv.formats.value import Value, decode_value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, version_key
+from tierkv.metrics.snapshot import EngineMetrics
 from tierkv.tiers.base import Tier
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, TracerProvider
 
 KeyT = TypeVar("KeyT", bound=Key)
 ValueT = TypeVar("ValueT", bound=Value)
@@ -60,10 +79,11 @@ class Engine:
     """A tiered object store; build it with `tierkv.open(config)`."""
 
     def __init__(self, config: Config, tiers: Sequence[Tier],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self.config = config
         self.tiers: tuple[Tier, ...] = tuple(tiers)
-        self._st = st = EngineState(config, self.tiers, clock)
+        self._st = st = EngineState(config, self.tiers, clock, tracer_provider)
         copies = CopyOps(st)
         st.scrub = copies.scrub
         self._executor = MoveExecutor(st, Moves(st, copies))
@@ -73,11 +93,8 @@ class Engine:
         self._flusher = Flusher(st, copies)
         self._invalidations = Invalidations(st, self._writes, self._shared)
         self._pins = Pins(st, copies)
-        self._evictors = [Evictor(st, i, self._executor) for i in range(len(self.tiers))]
-        self._evictors[0].protect_pins(self._pins.counts)
-        self._evictor_tasks: list[asyncio.Task[None]] = []
-        self._expiry_tasks: list[asyncio.Task[None]] = []
-        self._health_tasks: list[asyncio.Task[None]] = []
+        self._background = Background(st, self._executor)
+        self._background.evictors[0].protect_pins(self._pins.counts)
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
@@ -99,23 +116,8 @@ class Engine:
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
             tier.set_space_listener(st.spaces[index].freed)
-            if st.spaces[index].watermarks is not None:
-                self._evictor_tasks.append(asyncio.create_task(self._evictors[index].run()))
-                st.spaces[index].cue.set()  # a recovered tier may start above its watermark
-        for index, tier_config in enumerate(self.config.tiers):
-            if (ttl := idle_ttl(tier_config)) is not None:
-                self._expiry_tasks.append(asyncio.create_task(expire_idle(
-                    st, self._executor, self._evictors[index], index, ttl)))
-        self._health_tasks.append(asyncio.create_task(self._watch_breakers()))
+        self._background.start()
         await self._shared.start(self._invalidations.forget)
-
-    async def _watch_breakers(self) -> None:
-        """Ask each breaker its state every second: an open one past its cool-down turns
-        half-open, and the scheduler plans puts and moves into its tier again (its probes)."""
-        while True:
-            await asyncio.sleep(BREAKER_POLL)
-            for guard in self._st.guards:
-                guard.poll()
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
@@ -136,9 +138,7 @@ class Engine:
             # calls in progress end; the evictors still run, so writes waiting for room get it
             await st.quiet.wait()
             await self._shared.stop()
-            for expiry in self._expiry_tasks:
-                expiry.cancel()
-            await asyncio.gather(*self._expiry_tasks, return_exceptions=True)
+            await self._background.stop_expiry()
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
             await self._flusher.flush()  # may wait for room below: the evictors still run
@@ -149,10 +149,7 @@ class Engine:
             st.closing = True
             for space in st.spaces:
                 space.close()
-            background = [*self._evictor_tasks, *self._expiry_tasks, *self._health_tasks]
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await self._background.stop()
             await self._executor.stop()
             for tier in self.tiers:
                 await tier.close()
@@ -175,17 +172,63 @@ class Engine:
         device (the gpu tier's device, else the CPU). A copy that fails its checksum or whose
         device fails is a miss, never wrong bytes.
         """
+        started = perf_counter()
+        raw = encode_key(key)
+        st = self._st
+        if st.tracing is not None:
+            return await self._traced_get(st.tracing, key, raw, started)
         async with self._call():
-            found = await self._reads.get(encode_key(key))
-        return None if found is None else self._decode(found)
+            found = await self._reads.get(raw)
+            served = self._reads.served
+        if found is None:
+            st.misses.missed(key, raw)
+            value = None
+        else:
+            value = self._decode(found)
+        st.latency.got(served, perf_counter() - started)
+        return value
+
+    async def _traced_get(self, tracing: Tracing, key: Key, raw: bytes, started: float
+                          ) -> bytes | torch.Tensor | None:
+        """`get` inside its span: a copy of its body, so that the untraced path (the hot one)
+        pays for no span, no-op block or extra coroutine at all."""
+        st = self._st
+        with tracing.call(GET, raw) as span:
+            async with self._call():
+                found = await self._reads.get(raw)
+                served = self._reads.served
+            if found is None:
+                st.misses.missed(key, raw)
+                value = None
+            else:
+                value = self._decode(found)
+            st.latency.got(served, perf_counter() - started)
+            traced_get(span, None if served is None else st.names[served],
+                       0 if found is None else found[0].nbytes)
+            return value
 
     async def get_many(self, keys: Sequence[Key]) -> list[bytes | torch.Tensor | None]:
         """`get` of every key, results in order; lower-tier reads run concurrently, at most the
         lower tiers' queue depth at once. Under ``lru++`` the next `scheduler.prefetch_depth`
         known blocks of the chain after the leading run of hits are warmed in the background."""
-        async with self._call():
-            found = await self._reads.get_many([encode_key(key) for key in keys])
-        return [None if f is None else self._decode(f) for f in found]
+        st = self._st
+        started = perf_counter()
+        raws = [encode_key(key) for key in keys]
+        with self._span(GET_MANY) as span:
+            async with self._call():
+                found = await self._reads.get_many(raws)
+            values: list[bytes | torch.Tensor | None] = []
+            for key, raw, got in zip(keys, raws, found, strict=True):
+                if got is None:
+                    st.misses.missed(key, raw)
+                    values.append(None)
+                else:
+                    values.append(self._decode(got))
+            st.latency.get_many.observe(perf_counter() - started)
+            if span is not None:
+                span.set_attributes({"tierkv.keys": len(keys),
+                                     "tierkv.hits": sum(got is not None for got in found)})
+        return values
 
     async def prefetch(self, keys: Iterable[Key]) -> int:
         """Warm `keys` into the first tier in the background, through the move executor and
@@ -234,6 +277,8 @@ class Engine:
         in time and `DeviceError` when every tier that could failed; in both cases (and when
         cancelled) the key holds no value or the new one, and nothing else is lost.
         """
+        started = perf_counter()
+        st = self._st
         raw = encode_key(key)
         derived = [encode_key(p) for p in parents]
         if isinstance(key, BlockKey) and key.model is not None:
@@ -241,16 +286,26 @@ class Engine:
         meta, payload = encode_value(value, parents=tuple(derived))
         if latency_slo is not None and not (latency_slo > 0 and math.isfinite(latency_slo)):
             raise ValueError("latency_slo must be a positive number of seconds")
-        async with self._call():
-            if latency_slo is not None and self._st.scheduler.profiles is None:
-                async with self._profiling:
-                    if self._st.scheduler.profiles is None:
-                        self._st.scheduler.profiles = await measure_profiles(self._st)
-            replaced = await self._writes.put(raw, meta, payload, latency_slo)
-            if replaced:
-                await self._invalidations.descendants(raw)
-            self._shared.share(raw)
-        self._st.counters.puts += 1
+        with self._span(PUT, raw) as span:
+            async with self._call():
+                if latency_slo is not None and st.scheduler.profiles is None:
+                    async with self._profiling:
+                        if st.scheduler.profiles is None:
+                            st.scheduler.profiles = await measure_profiles(st)
+                replaced = await self._writes.put(raw, meta, payload, latency_slo)
+                # the tier it went into first: its fastest copy as the put let go of the key
+                entry = st.index.get(raw)
+                placed = entry.locations[0] if entry is not None and entry.locations else None
+                if replaced:
+                    await self._invalidations.descendants(raw)
+                self._shared.share(raw)
+            st.counters.puts += 1
+            if placed is not None:
+                st.latency.puts[placed].observe(perf_counter() - started)
+            if span is not None:
+                span.set_attribute("tierkv.bytes", meta.nbytes)
+                if placed is not None:
+                    span.set_attribute("tierkv.tier", st.names[placed])
 
     async def put_many(
         self, items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
@@ -263,31 +318,50 @@ class Engine:
         `prefetch` can follow it, without the caller passing parents."""
         pairs = items.items() if isinstance(items, Mapping) else items
         previous: Key | None = None
-        for key, value in pairs:
-            chained = (isinstance(key, BlockKey) and isinstance(previous, BlockKey)
-                       and previous.context_length < key.context_length)
-            await self.put(key, value, parents=(previous,) if chained and previous else ())
-            previous = key
+        with self._span(PUT_MANY) as span:
+            count = 0
+            for key, value in pairs:
+                chained = (isinstance(key, BlockKey) and isinstance(previous, BlockKey)
+                           and previous.context_length < key.context_length)
+                await self.put(key, value, parents=(previous,) if chained and previous else ())
+                previous = key
+                count += 1
+            if span is not None:
+                span.set_attribute("tierkv.keys", count)
 
     async def delete(self, key: Key) -> bool:
-        """Remove `key` from every tier; whether it was stored."""
-        async with self._call():
-            return await self._writes.delete(encode_key(key))
+        """Remove `key` from every tier, the shared one included (whether this engine held
+        it there or not: other engines' local copies stay, `invalidate` is what tells them);
+        whether this engine held it."""
+        raw = encode_key(key)
+        with self._span(DELETE, raw) as span:
+            async with self._call():
+                deleted = await self._writes.delete(raw, on_server=True)
+            if span is not None:
+                span.set_attribute("tierkv.deleted", deleted)
+        return deleted
 
     async def invalidate(self, key: Key) -> int:
         """Remove `key` and every object derived from it, transitively, from every tier;
         returns how many objects were removed. Durable: once it returns, no restart brings any
         of them back, and no `get` returns one of them. Costs what it removes, not the cache."""
-        async with self._call():
-            removed = await self._invalidations.invalidate(encode_key(key))
+        raw = encode_key(key)
+        with self._span(INVALIDATE, raw) as span:
+            async with self._call():
+                removed = await self._invalidations.invalidate(raw)
+            if span is not None:
+                span.set_attribute("tierkv.removed", removed)
         self._st.counters.invalidations += removed
         return removed
 
     async def invalidate_model(self, model: str) -> int:
         """Remove every block computed with the weights `model` ("name@revision": the `model`
         given to `block_keys`), and everything derived from them; returns how many objects."""
-        async with self._call():
-            removed = await self._invalidations.descendants(version_key(model))
+        with self._span(INVALIDATE_MODEL) as span:
+            async with self._call():
+                removed = await self._invalidations.descendants(version_key(model))
+            if span is not None:
+                span.set_attribute("tierkv.removed", removed)
         self._st.counters.invalidations += removed
         return removed
 
@@ -310,9 +384,10 @@ class Engine:
 
     async def flush(self) -> None:
         """Barrier: every object put before the call is on persistent media when it returns."""
-        async with self._call():
-            await self._flusher.flush()
-            await self._shared.save_cursor()
+        with self._span(FLUSH):
+            async with self._call():
+                await self._flusher.flush()
+                await self._shared.save_cursor()
 
     async def settle(self) -> None:
         """Wait until the background work asked for so far has finished: the evictors have
@@ -344,42 +419,40 @@ class Engine:
         if self._closed:
             raise EngineClosedError("the engine is closed")
 
+    def _span(self, name: str, raw: bytes | None = None
+              ) -> contextlib.AbstractContextManager[Span | None]:
+        """The span of a public call (`_tracing`), or a no-op block yielding None."""
+        tracing = self._st.tracing
+        return contextlib.nullcontext() if tracing is None else tracing.call(name, raw)
+
+    def on_miss_storm(self, callback: MissStormCallback | None) -> None:
+        """Call `callback(alert)` with each miss-storm alert from now on, replacing any earlier
+        callback (None: none). A miss storm: the misses of the last `[health] window` seconds
+        (on the engine's clock) carry less than `[health] entropy_alert_bits` bits of
+        key-prefix entropy: one tenant, model or key family misses
+        (`tierkv.health.MissStormDetector`). A str or bytes key's prefix is the key up to its
+        first ``/`` or ``:`` (at most 16 bytes), a `BlockKey`'s its `model` (else its
+        `rope_theta`): the tenant namespace is hashed into the digest. Nothing is a storm until
+        the misses have shown two prefixes (one model's blocks alone always miss under one).
+        One alert per storm, repeated once a window while it lasts; each is also logged
+        (WARNING) and counted in `metrics()`.
+
+        The callback runs on the event loop, inside the get that noticed the storm: keep it
+        short (schedule anything longer). What it raises is logged, never raised to the get."""
+        self._st.misses.callback = callback
+
+    def metrics(self) -> EngineMetrics:
+        """A typed snapshot of the engine's counters and gauges (`tierkv.metrics.snapshot`):
+        per tier hits, misses, bytes in and out, evictions, promotions, demotions, admission
+        rejects, breaker state and latency histograms; for the engine objects, the DAG,
+        recovery figures, the migration backlog and the miss-storm detector. Taken in one
+        step; call it on the engine's loop (`tierkv.metrics.prometheus` shows how from another
+        thread). Works on a closed engine too (its final figures)."""
+        return engine_metrics(self._st, in_flight=self._executor.in_flight,
+                              pinned=len(self._pins.counts))
+
     def stats(self) -> dict[str, Any]:
-        st = self._st
-        engine = st.counters.to_dict()
-        engine.update(
-            objects=len(st.index),
-            unflushed=st.index.unflushed,
-            pinned=len(self._pins.counts),
-            moves_in_flight=self._executor.in_flight,
-            group_commits={self.tiers[i].name: {"flushes": c.flushes, "requests": c.requests}
-                           for i, c in enumerate(st.commits) if self.tiers[i].persistent},
-            write_policy=self.config.engine.write_policy.value,
-        )
-        return {"engine": engine,
-                "tiers": {tier.name: {**tier.stats(), **guard.stats()}
-                          for tier, guard in zip(self.tiers, st.guards, strict=True)}}
-
-
-#: seconds between two looks at the circuit breakers (`_watch_breakers`)
-BREAKER_POLL = 1.0
-
-
-class _Call:
-    """The async context of a public call: counted in `EngineState.active` while it runs (a
-    class rather than a generator: it wraps every get, where microseconds count)."""
-
-    __slots__ = ("_st",)
-
-    def __init__(self, state: EngineState) -> None:
-        self._st = state
-
-    async def __aenter__(self) -> None:
-        self._st.active += 1
-        self._st.quiet.clear()
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        st = self._st
-        st.active -= 1
-        if not st.active:
-            st.quiet.set()
+        """Counters and gauges as plain data: ``{"engine": {...}, "tiers": {name: {...}}}``
+        (`metrics` is the typed snapshot)."""
+        return engine_stats(self._st, in_flight=self._executor.in_flight,
+                            pinned=len(self._pins.counts))

@@ -6,19 +6,24 @@ import os
 import time
 from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierkv.config import Config, load_config
 from tierkv.engine.engine import Engine
 from tierkv.tiers.registry import make_tier
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any] | Config
 Clock = Callable[[], float]
 
 
-async def open_engine(config: ConfigSource, clock: Clock = time.monotonic) -> Engine:
+async def open_engine(config: ConfigSource, clock: Clock = time.monotonic,
+                      tracer_provider: TracerProvider | None = None) -> Engine:
     loaded = load_config(config)
-    engine = Engine(loaded, [make_tier(tier) for tier in loaded.tiers], clock)
+    engine = Engine(loaded, [make_tier(tier) for tier in loaded.tiers], clock,
+                    tracer_provider=tracer_provider)
     await engine._start()
     return engine
 
@@ -26,16 +31,18 @@ async def open_engine(config: ConfigSource, clock: Clock = time.monotonic) -> En
 class EngineOpening:
     """The pending result of `tierkv.open`; await it, or enter it with ``async with``."""
 
-    def __init__(self, config: ConfigSource, clock: Clock) -> None:
+    def __init__(self, config: ConfigSource, clock: Clock,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self._config = config
         self._clock = clock
+        self._tracer_provider = tracer_provider
         self._engine: Engine | None = None
 
     def __await__(self) -> Generator[Any, None, Engine]:
-        return open_engine(self._config, self._clock).__await__()
+        return open_engine(self._config, self._clock, self._tracer_provider).__await__()
 
     async def __aenter__(self) -> Engine:
-        self._engine = await open_engine(self._config, self._clock)
+        self._engine = await open_engine(self._config, self._clock, self._tracer_provider)
         return self._engine
 
     async def __aexit__(
@@ -48,10 +55,15 @@ class EngineOpening:
             await self._engine.close()
 
 
-def open(config: ConfigSource, *, clock: Clock = time.monotonic) -> EngineOpening:
+def open(config: ConfigSource, *, clock: Clock = time.monotonic,
+         tracer_provider: TracerProvider | None = None) -> EngineOpening:
     """Open an engine on `config` (a TOML path, a parsed mapping or a `Config`).
 
-    `clock` is the time the scheduler sees, in seconds (access times, score decay, TTLs); a
-    trace replay passes a virtual clock driven by the trace's timestamps. Pacing of background
-    moves and timeouts always run on the loop's own clock."""
-    return EngineOpening(config, clock)
+    `clock` is the time the scheduler sees, in seconds (access times, score decay, TTLs, the
+    miss-storm window); a trace replay passes a virtual clock driven by the trace's
+    timestamps. Pacing of background moves and timeouts always run on the loop's own clock.
+
+    `tracer_provider`: the OpenTelemetry provider the engine's spans go to; None: the global
+    one as it is now (`opentelemetry.trace.get_tracer_provider()`). Without an SDK behind it
+    the engine makes no spans (`tierkv.engine._tracing`)."""
+    return EngineOpening(config, clock, tracer_provider)

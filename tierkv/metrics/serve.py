@@ -1,0 +1,64 @@
+"""`tierkv serve-metrics`: open an engine on a config and serve its metrics over HTTP until
+SIGINT or SIGTERM, then close the engine (which flushes to the persistent tiers) and return.
+
+The scrapes are answered by `prometheus_client.start_http_server` on threads of its own; each
+takes the engine's snapshot on the loop (`EngineCollector`). The registry is a fresh one with
+the engine's collector and prometheus_client's process, platform and GC collectors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    start_http_server,
+)
+
+from tierkv.engine.opener import ConfigSource, open_engine
+from tierkv.errors import ConfigError
+from tierkv.metrics.prometheus import register, unregister
+
+#: called once the server listens: (host, port bound)
+Ready = Callable[[str, int], None]
+
+
+async def serve_metrics(config: ConfigSource, host: str = "127.0.0.1", port: int = 9464, *,
+                        ready: Ready | None = None, stop: asyncio.Event | None = None) -> None:
+    """Serve ``/metrics`` of an engine opened on `config` at `host`:`port` (0: a free port,
+    which `ready` is told) until SIGINT or SIGTERM (or `stop` is set). `ConfigError` if the
+    address cannot be bound (the engine is closed again first)."""
+    loop = asyncio.get_running_loop()
+    stopping = stop if stop is not None else asyncio.Event()
+    kv = await open_engine(config)
+    try:
+        registry = CollectorRegistry()
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+        engine_collector = register(kv, registry)
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:  # in use, not an address of this machine, a privileged port
+            raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+        signals = (signal.SIGINT, signal.SIGTERM)
+        try:
+            for signum in signals:
+                loop.add_signal_handler(signum, stopping.set)
+            if ready is not None:
+                ready(host, int(server.server_port))
+            await stopping.wait()
+        finally:
+            for signum in signals:
+                loop.remove_signal_handler(signum)
+            # a scrape in progress may be waiting for this loop: keep it turning meanwhile
+            await asyncio.to_thread(server.shutdown)
+            server.server_close()
+            await asyncio.to_thread(thread.join)
+            unregister(engine_collector)
+    finally:
+        await kv.close()
