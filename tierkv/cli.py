@@ -1,5 +1,5 @@
-"""The `tierkv` command: `info` (what each configured tier found), `bench` (measurements) and
-`format` (the deliberate wipe of persistent media).
+"""The `tierkv` command: `info` (what each configured tier found), `bench` (measurements),
+`format` (the deliberate wipe of persistent media) and `serve-metrics` (Prometheus exposition).
 
 Errors a user can cause (a bad config, a missing device, a wipe not confirmed) print one line and
 exit 2; a device failure exits 1; neither prints a traceback.
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -41,8 +41,13 @@ from tierkv.config.default import default_config, shm_or
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.tiers import registry
 
+if TYPE_CHECKING:
+    from tierkv.testing.faults import FaultPlan
+
 #: requests a ``--quick`` trace replay takes from the start of the trace
 TRACE_QUICK_REQUESTS = 1000
+#: operations a ``--quick`` fault soak runs at most
+FAULTS_QUICK_OPERATIONS = 2000
 
 console = Console()
 if not console.is_terminal:
@@ -110,6 +115,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--url", metavar="URL",
                        help="the redis server for --device redis (default: a private "
                             "redis-server)")
+    bench.add_argument("--faults", metavar="SPEC",
+                       help="--device engine: instead of the benchmarks, a soak of --count "
+                            "operations by --concurrency clients (values up to --size) through "
+                            "the config's hierarchy, resized, with these faults injected "
+                            "(TIER:FAULT=RATE[@ARG][;ops=OP|OP...], e.g. pmem:eio=0.05,"
+                            "nvme:flip=0.01,redis:hang=0.01;ops=get), cancellations and "
+                            "reopens, checked against a log of acknowledged writes; --quick: "
+                            f"{FAULTS_QUICK_OPERATIONS} operations")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=_bench)
 
@@ -121,6 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     wipe.add_argument("--yes", action="store_true",
                       help="really wipe; without it nothing is touched")
     wipe.set_defaults(func=_format)
+
+    serve = commands.add_parser(
+        "serve-metrics", help="open the engine on a config and serve its Prometheus metrics")
+    serve.add_argument("--config", type=Path, required=True, help="TOML device config")
+    serve.add_argument("--port", type=int, default=9464,
+                       help="TCP port of /metrics (default 9464; 0: a free one, printed)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1)")
+    serve.set_defaults(func=_serve_metrics)
     return parser
 
 
@@ -179,6 +201,19 @@ def _probe(tier: TierConfig) -> dict[str, str]:
     from tierkv.tiers import nvme
 
     return nvme.probe(tier)
+
+
+# -- serve-metrics -------------------------------------------------------------------------------
+def _serve_metrics(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; exit 0 once the engine is closed."""
+    from tierkv.metrics.serve import serve_metrics
+
+    def ready(host: str, port: int) -> None:
+        shown = f"[{host}]" if ":" in host else host
+        print(f"tierkv: serving metrics on http://{shown}:{port}/metrics", flush=True)
+
+    asyncio.run(serve_metrics(load_config(args.config), args.host, args.port, ready=ready))
+    return 0
 
 
 # -- format --------------------------------------------------------------------------------------
@@ -263,6 +298,13 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
     quick = bool(args.quick)
     if trace is not None:  # a replay alone: it builds its own hierarchy per capacity point
         return [("trace", lambda bar: trace(config, bar))]
+    if args.faults is not None:  # a soak alone: it resizes the hierarchy for its key space
+        from tierkv.testing.faults import FaultPlan
+
+        if args.device != "engine":
+            raise ConfigError("--faults: faults are injected into --device engine only")
+        plan = FaultPlan.parse(args.faults)
+        return [("faults", lambda bar: _fault_soak(config, plan, args, bar))]
     if args.device == "gpu" and not isinstance(config.tiers[0], GpuTierConfig):
         raise ConfigError("--device gpu: the config has no gpu tier to measure")
     if args.url is not None and args.device != "redis":
@@ -306,6 +348,25 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
 
         jobs.append(("redis", lambda bar: run_redis_bench(args.url, quick=quick, progress=bar)))
     return jobs
+
+
+async def _fault_soak(config: Config, plan: FaultPlan, args: argparse.Namespace, bar: _Bar
+                      ) -> tuple[dict[str, Any], list[Row]]:
+    from tierkv.bench.faults import run_fault_soak
+
+    operations = min(args.count, FAULTS_QUICK_OPERATIONS) if args.quick else args.count
+    # every injected fault is logged where it lands (thousands of lines); the soak counts them
+    quiet = logging.getLogger("tierkv")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        result, rows = await run_fault_soak(config, plan, operations=operations,
+                                            clients=args.concurrency, size=args.size,
+                                            progress=bar)
+    finally:
+        quiet.setLevel(level)
+    result["faults"] = args.faults
+    return result, rows
 
 
 async def _scheduler_bench(quick: bool, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:

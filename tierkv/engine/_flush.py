@@ -16,7 +16,7 @@ from tierkv._concurrency import bounded_map
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState
-from tierkv.errors import TierKVError
+from tierkv.errors import DeviceError, TierKVError
 
 log = logging.getLogger("tierkv.engine")
 
@@ -33,29 +33,50 @@ class Flusher:
         if not any(tier.persistent for tier in st.tiers):
             return
         failures: list[TierKVError] = []
+        persisted: list[tuple[IndexEntry, int]] = []
 
         async def persist(entry: IndexEntry) -> None:
             try:
-                await self._persist(entry)
+                placed = await self._persist(entry)
             except TierKVError as exc:
                 log.warning("flush could not persist an object: %s", exc)
                 failures.append(exc)
+            else:
+                if placed is not None:
+                    persisted.append((entry, placed))
 
-        await bounded_map(persist, st.index.volatile(), st.config.scheduler.migration_concurrency)
-        for index, tier in enumerate(st.tiers):
-            if tier.persistent:
-                await st.commits[index].sync()
+        pending = st.index.volatile()
+        for attempt in range(2):
+            persisted.clear()
+            await bounded_map(persist, pending, st.config.scheduler.migration_concurrency)
+            for index, tier in enumerate(st.tiers):
+                if tier.persistent:
+                    await st.commits[index].sync()
+            # a copy written and gone by the time its sync returned: moved up since (an
+            # exclusive promotion), or dropped by a failed write whose error an earlier flush
+            # took: either way this flush has not made it durable yet; write it once more
+            pending = [entry for entry, _ in persisted if not entry.detached
+                       and not any(st.tiers[t].persistent for t in entry.locations)]
+            if not pending:
+                break
+            if attempt:
+                failures.append(DeviceError(
+                    f"tier {st.names[persisted[0][1]]!r} lost copies flush wrote before they "
+                    "reached media (a failed write)"))
         if failures:
             raise failures[0]
 
-    async def _persist(self, entry: IndexEntry) -> None:
+    async def _persist(self, entry: IndexEntry) -> int | None:
+        """Write a copy of `entry` into a persistent tier; the tier, or None if none was
+        needed (or none can hold it)."""
         st = self._st
         async with st.keys.hold(entry.key) as claim:
             if entry.detached or any(st.tiers[t].persistent for t in entry.locations):
-                return
+                return None
             durable = st.scheduler.durable_tier(entry.nbytes)
             if durable is None or not entry.locations:
-                return
+                return None
             async with self._copies.borrow(entry, entry.locations[0]) as payload:
                 if payload is not None:
-                    await self._copies.store(entry, payload, durable, claim)
+                    return await self._copies.store(entry, payload, durable, claim)
+        return None

@@ -32,7 +32,7 @@ from typing import Any, ParamSpec, TypeVar
 from tierkv.config import HealthConfig
 from tierkv.errors import DeviceError, TierUnavailableError
 from tierkv.health import BreakerState, CircuitBreaker
-from tierkv.health.breaker import Permit
+from tierkv.health.breaker import BreakerSnapshot, Permit
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -123,6 +123,10 @@ class Guard:
             self.breaker.failure(permit, self._clock())
         else:  # not the device's doing: cancelled, full, closed
             self.breaker.cancel(permit)
+
+    def snapshot(self) -> BreakerSnapshot:
+        """The breaker's state and counters now (`Engine.metrics`)."""
+        return self.breaker.snapshot(self._clock())
 
     def stats(self) -> dict[str, Any]:
         snapshot = self.breaker.snapshot(self._clock())

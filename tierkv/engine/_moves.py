@@ -12,12 +12,17 @@ leaves the source in place.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
 from tierkv.errors import DeviceError
 from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 
 class Moves:
@@ -27,10 +32,20 @@ class Moves:
         self._st = state
         self._copies = copies
 
-    async def run(self, plan: Plan, *, background: bool) -> bool:
+    async def run(self, plan: Plan, *, background: bool, parent: Span | None = None) -> bool:
         """Carry out `plan`; False if it was discarded (the object changed or was busy).
         A copy waits for its bytes in the budgets first: every move's in `budget`, a
-        `background` one's (no write waits for it) in `background_budget` too."""
+        `background` one's (no write waits for it) in `background_budget` too. Traced as a
+        child of `parent`, the span of the call that planned it, if any (`_tracing`)."""
+        tracing = self._st.tracing
+        if tracing is None:
+            return await self._run(plan, background)
+        with tracing.move(plan, background, parent) as span:
+            moved = await self._run(plan, background)
+            span.set_attribute("tierkv.moved", moved)
+            return moved
+
+    async def _run(self, plan: Plan, background: bool) -> bool:
         st = self._st
         if isinstance(plan, Demote | Promote | Share):
             if background and st.background_budget.rate is not None:
@@ -81,9 +96,14 @@ class Moves:
         if st.tiers[source].persistent:
             # the source is the only durable copy until the target's is on media too
             await st.commits[placed].sync()
+            if placed not in entry.locations:
+                # a failed write dropped the target's copy, its error raised to an earlier
+                # flush: the one that returned here covered none of it
+                return False
         await self._copies.remove(entry, source, claim)
         st.counters.demotions[st.names[placed]] += 1
         st.counters.demoted_bytes[st.names[placed]] += plan.nbytes
+        st.read_bytes[source] += plan.nbytes
         st.counters.evictions[st.names[source]] += 1
         return True
 
@@ -108,6 +128,7 @@ class Moves:
         st.counters.moved_bytes += plan.nbytes
         st.counters.promotions[st.names[plan.target]] += 1
         st.counters.promoted_bytes[st.names[plan.target]] += plan.nbytes
+        st.read_bytes[plan.source] += plan.nbytes
         return True
 
     async def _share(self, entry: IndexEntry, plan: Share, claim: Claim) -> bool:
@@ -129,4 +150,5 @@ class Moves:
                 return False
         st.counters.shared[st.names[plan.target]] += 1
         st.counters.shared_bytes[st.names[plan.target]] += plan.nbytes
+        st.read_bytes[plan.source] += plan.nbytes
         return True

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._state import EngineState
-from tierkv.errors import DependencyCycleError, DeviceError, TierKVError
+from tierkv.errors import DependencyCycleError, DeviceError, TierKVError, TierUnavailableError
 from tierkv.formats.shared_record import SharedRecord
 from tierkv.formats.value import ObjectMeta, Payload, encode_value, payload_view
 from tierkv.keys import FLEET_CURSOR_KEY
@@ -125,6 +125,9 @@ class Shared:
 
     def _failed(self, what: str, exc: DeviceError) -> None:
         """Log the first failure of an outage (each is counted); `_reachable` ends it."""
+        if isinstance(exc, TierUnavailableError):  # skipped: its breaker is open
+            self._st.counters.breaker_skips += 1
+            return
         self._st.counters.device_errors += 1
         if not self._down:
             self._down = True
@@ -189,6 +192,7 @@ class Shared:
         st.index.add_copy(entry, index, now)
         st.counters.shared_adopted += 1
         st.counters.hits[st.names[index]] += 1
+        st.read_bytes[index] += entry.nbytes
         st.scheduler.accessed(index, key, now)
         plan = st.scheduler.on_hit(entry, index)
         if plan is not None:

@@ -18,7 +18,7 @@ from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
-from tierkv.errors import TierFullError
+from tierkv.errors import DeviceError, TierFullError, TierUnavailableError
 from tierkv.formats.value import ObjectMeta, Payload
 
 
@@ -45,6 +45,7 @@ class Writes:
             entry = st.index.new_entry(key, meta)
             first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
             if first is None:
+                self._check_breakers(entry.nbytes, 0, persistent=False)
                 raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
             placed = await self._copies.store(entry, payload, first, claim)
             if self._write_through:
@@ -71,9 +72,31 @@ class Writes:
         if not st.tiers[placed].persistent:
             durable = st.scheduler.durable_tier(entry.nbytes, placed + 1)
             if durable is None:
+                self._check_breakers(entry.nbytes, placed + 1, persistent=True)
                 return  # no persistent tier can hold it: as durable as the hierarchy allows
             placed = await self._copies.store(entry, payload, durable, claim)
+            if not st.tiers[placed].persistent:  # they failed; it fell through to the shared tier
+                raise DeviceError(f"write_through: no persistent tier took an object of "
+                                  f"{entry.nbytes} bytes (each failed)")
         await st.commits[placed].sync()
+        if placed not in entry.locations:
+            # a failed write dropped the copy, its error raised to an earlier flush: the one
+            # that returned here covered none of it
+            raise DeviceError(f"write_through: tier {st.names[placed]!r} lost the copy in a "
+                              "failed write before it reached media")
+
+    def _check_breakers(self, nbytes: int, start: int, *, persistent: bool) -> None:
+        """`TierUnavailableError` when the tiers from `start` that could hold `nbytes` (the
+        persistent ones only: `persistent`) are passed over only because their circuit breakers
+        are open: the put failed for their devices, and must not be taken as done (a
+        write-through put acknowledged with no persistent copy) or as a full hierarchy."""
+        st = self._st
+        blocked = [st.names[tier] for tier in range(start, len(st.tiers))
+                   if not st.scheduler.usable[tier] and st.tiers[tier].can_ever_hold(nbytes)
+                   and (st.tiers[tier].persistent or not persistent)]
+        if blocked:
+            raise TierUnavailableError(f"no tier can take an object of {nbytes} bytes now: the "
+                                       f"circuit breakers of {', '.join(blocked)} are open")
 
     async def relink(self, key: bytes, parent: bytes) -> bool:
         """Add `parent` to the parents `key`'s stored object names, so that the edge survives a
@@ -102,13 +125,21 @@ class Writes:
             entry.meta = meta
             return True
 
-    async def delete(self, key: bytes, *, keep_shared: bool = False) -> bool:
-        """Remove `key`'s object; `keep_shared`: its shared copy is only forgotten."""
+    async def delete(self, key: bytes, *, keep_shared: bool = False,
+                     on_server: bool = False) -> bool:
+        """Remove `key`'s object; whether this engine held it. `keep_shared`: its shared copy
+        is only forgotten. `on_server` (a public delete): the shared tier's object goes too
+        even when this engine does not hold it (after a restart it holds nothing there, and
+        its next lookup would adopt the deleted value), deleted while the key is held, so no
+        lookup adopts it meanwhile."""
         st = self._st
+        shared = st.scheduler.shared
         async with st.keys.hold(key) as claim:
             st.check_open()
             entry = st.index.detach(key)
-            if entry is None:
-                return False
-            await self._copies.discard(entry, claim, keep_shared=keep_shared)
-            return True
+            held_shared = entry is not None and shared in entry.locations
+            if entry is not None:
+                await self._copies.discard(entry, claim, keep_shared=keep_shared)
+            if on_server and shared is not None and not held_shared:
+                await self._copies.delete(key, shared)
+            return entry is not None

@@ -13,9 +13,13 @@ Two places to inject, as a real failure would arrive:
 
 A `FaultPlan` says which faults fire where, by rate (each call draws from a seeded generator)
 or by schedule (the n-th call of that kind), and counts what fired. Its text form, for the CLI:
-``TIER:FAULT=RATE[@ARG]`` separated by commas, e.g. ``pmem:eio=0.05,nvme:flip=0.01,
-nvme:latency=0.2@50ms,redis:hang=0.001``; a fault applies to the tier named (and, for
-``flip``/``torn``, to its block device); ``ops=get|put|delete`` limits it to those calls.
+``TIER:FAULT=RATE[@ARG][;ops=OP|OP...]`` separated by commas, e.g. ``pmem:eio=0.05,
+nvme:flip=0.01,nvme:latency=0.2@50ms,redis:hang=0.001;ops=get``; a fault applies to the tier
+named (and, for ``flip``/``torn``, to its block device); ``ops`` (among get, put, delete,
+flush; a device's reads are ``get`` and its writes ``put``) limits it to those calls. A
+``latency`` needs its duration (``@50ms``). A ``hang`` of a put, delete or flush holds that
+call (and a `close` waiting for it) until it is cancelled: the engine waits for writes, and
+cuts off only reads (`tierkv.engine._guard`), so give hangs ``;ops=get`` outside tests of that.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from tierkv.tiers.base import RecoveredObject, Tier
 #: faults a tier wrapper injects; the last two only at a block device
 TIER_FAULTS = ("eio", "enospc", "latency", "hang")
 DEVICE_FAULTS = ("eio", "latency", "hang", "flip", "torn")
+#: the calls a fault's `ops` may name
+OPS = ("get", "put", "delete", "flush")
 
 
 @dataclass(slots=True)
@@ -92,7 +98,8 @@ class FaultPlan:
         """A plan from its text form (see the module); `ConfigError` naming the bad part."""
         plan = cls(seed=seed)
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            where, _, what = part.partition(":")
+            fault_text, _, ops_text = part.partition(";")
+            where, _, what = fault_text.partition(":")
             kind, _, value = what.partition("=")
             rate_text, _, arg_text = value.partition("@")
             if not where or kind not in {*TIER_FAULTS, *DEVICE_FAULTS}:
@@ -106,7 +113,16 @@ class FaultPlan:
                 raise ConfigError(f"--faults: {part!r}: bad rate or argument") from None
             if not 0.0 <= rate <= 1.0:
                 raise ConfigError(f"--faults: {part!r}: the rate must be between 0 and 1")
-            plan.add(where, kind, rate=rate, arg=arg)
+            if kind == "latency" and not arg_text:
+                raise ConfigError(f"--faults: {part!r}: a latency needs its duration (@50ms)")
+            ops: list[str] = []
+            if ops_text:
+                label, _, listed = ops_text.partition("=")
+                ops = [op.strip() for op in listed.split("|")]
+                if label.strip() != "ops" or not set(ops) <= set(OPS):
+                    raise ConfigError(f"--faults: {part!r}: expected ;ops=OP[|OP...] with calls "
+                                      f"among {', '.join(OPS)}")
+            plan.add(where, kind, rate=rate, arg=arg, ops=ops)
         return plan
 
 
@@ -209,6 +225,21 @@ class FaultyTier(Tier):
         return self.inner.describe()
 
 
+class FaultySharedTier(FaultyTier):
+    """A shared (redis) tier, its own calls faulted too: its lookups (`fetch_many`) as gets
+    and its batch deletes (`delete_many`) as deletes. The fleet's log is not faulted."""
+
+    async def fetch_many(self, keys: Sequence[bytes]) -> Any:
+        await self._fault("get")
+        shared: Any = self.inner
+        return await shared.fetch_many(keys)
+
+    async def delete_many(self, keys: Sequence[bytes]) -> None:
+        await self._fault("delete")
+        shared: Any = self.inner
+        await shared.delete_many(keys)
+
+
 def faulty(inner: Tier, plan: FaultPlan) -> Tier:
     """`inner` wrapped in a `FaultyTier` whose class attributes (kind, persistence, whether it
     reclaims space or is shared) are the inner tier's; an nvme tier's block device is wrapped
@@ -217,7 +248,8 @@ def faulty(inner: Tier, plan: FaultPlan) -> Tier:
         name = inner.name
         inner.wrap_io = lambda io: FaultyBlockIO(io, plan, name)
     cls = type(inner)
-    wrapper = type(f"Faulty{cls.__name__}", (FaultyTier,), {
+    base = FaultySharedTier if cls.shared else FaultyTier
+    wrapper = type(f"Faulty{cls.__name__}", (base,), {
         "kind": cls.kind, "persistent": cls.persistent, "reclaims_space": cls.reclaims_space,
         "shared": cls.shared})
     tier: Tier = wrapper(inner, plan)
@@ -267,15 +299,26 @@ class FaultyBlockIO:
 
 
 async def open_with_faults(config: Any, plan: FaultPlan, *, clock: Any = None) -> Any:
-    """An engine on `config` whose tiers (all but a first gpu tier, whose memory the engine
-    lends out) inject `plan`'s faults; close it as any engine."""
+    """An engine on `config` whose tiers (all but the gpu tiers, whose memory the engine lends
+    out) inject `plan`'s faults; close it as any engine. `ConfigError` for a fault that could
+    never fire: one naming no such tier (or a gpu tier), ``flip``/``torn`` on a tier other than
+    nvme (only its block device is wrapped)."""
     import time
 
-    from tierkv.config import GpuTierConfig, load_config
+    from tierkv.config import GpuTierConfig, NvmeTierConfig, load_config
     from tierkv.engine.engine import Engine
     from tierkv.tiers.registry import make_tier
 
     loaded = load_config(config)
+    wrapped = {tier.name: tier for tier in loaded.tiers if not isinstance(tier, GpuTierConfig)}
+    for fault in plan.faults:
+        target = wrapped.get(fault.tier)
+        if target is None:
+            raise ConfigError(f"faults: {fault.tier}:{fault.kind}: no tier of that name takes "
+                              f"faults (those that do: {', '.join(wrapped) or 'none'})")
+        if fault.kind not in TIER_FAULTS and not isinstance(target, NvmeTierConfig):
+            raise ConfigError(f"faults: {fault.tier}:{fault.kind}: only an nvme tier's block "
+                              "device flips bits or tears writes")
     tiers = [make_tier(tier) if isinstance(tier, GpuTierConfig) else faulty(make_tier(tier), plan)
              for tier in loaded.tiers]
     engine = Engine(loaded, tiers, clock or time.monotonic)

@@ -73,10 +73,14 @@ def _entry_id(order: int) -> str:
 
 
 class Fleet:
-    def __init__(self, config: RedisTierConfig, client: Any, call: Call) -> None:
+    def __init__(self, config: RedisTierConfig, client: Any, call: Call, follower: Any,
+                 follow_call: Call) -> None:
         self._config = config
         self._client = client
         self._call = call
+        #: the follower's blocking reads go on a connection of their own
+        self._follower = follower
+        self._follow_call = follow_call
         prefix = config.key_prefix.encode()
         # one hash tag: the log and its horizon live in one cluster slot, for `_APPEND`
         self.stream = prefix + b"{fleet}:invalidations"
@@ -176,7 +180,7 @@ class Fleet:
     async def _read_page(self, *, block: bool) -> bool:
         """Apply the next entries after the cursor; whether there were any."""
         wait = max(int(self._config.timeout * 500), 1) if block else None
-        answer = await self._call(self._client.xread(
+        answer = await self._follow_call(self._follower.xread(
             {self.stream: _entry_id(self.cursor)}, count=_PAGE, block=wait))
         entries = answer.get(self.stream, [[]])[0] if isinstance(answer, dict) else (
             answer[0][1] if answer else [])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -67,6 +67,8 @@ class RedisTier(Tier):
         self.queue_depth = config.pool_size
         self._prefix = config.key_prefix.encode()
         self._client: Any = None
+        #: the fleet log follower's own client (one connection)
+        self._follower: Any = None
         self._held: dict[bytes, _Held] = {}
         self._used = 0
         self.fleet: Fleet | None = None
@@ -89,7 +91,9 @@ class RedisTier(Tier):
             raise
         self._sets = SetBatcher(lambda: self._client.pipeline(transaction=False), self._call,
                                 self.config.batch, f"redis tier {self.name!r}")
-        self.fleet = Fleet(self.config, self._client, self._call)
+        self._follower = make_client(self.config)
+        self.fleet = Fleet(self.config, self._client, self._call, self._follower,
+                           self._unpooled)
         await self.fleet.start()
         return []
 
@@ -101,18 +105,40 @@ class RedisTier(Tier):
         await self._disconnect()
 
     async def _disconnect(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):  # a broken connection: nothing to release
-                await client.aclose()
+        for client in (self._follower, self._client):
+            if client is not None:
+                with contextlib.suppress(Exception):  # a broken connection: nothing to release
+                    await client.aclose()
+        self._client = self._follower = None
 
     # -- calls -------------------------------------------------------------------------------
     async def _call(self, call: Awaitable[T]) -> T:
-        """`call`, bounded by the timeout; a failure of the server or the network is a
-        `DeviceError` naming the server (never its credentials)."""
-        redis = import_client()
+        """`call`, bounded by the timeout (waiting for one of the `pool_size` connections
+        included); a failure of the server or the network is a `DeviceError` naming the
+        server (never its credentials)."""
+        try:
+            async with self._slots_within_timeout():
+                return await self._unpooled(call)
+        finally:
+            if isinstance(call, Coroutine):
+                call.close()  # never awaited: it timed out or was cancelled waiting for a slot
+
+    @contextlib.asynccontextmanager
+    async def _slots_within_timeout(self) -> AsyncIterator[None]:
         try:
             async with asyncio.timeout(self.config.timeout), self._slots:
+                yield
+        except TimeoutError:
+            self._counters["errors"] += 1
+            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
+                              f"answer within {self.config.timeout:g}s") from None
+
+    async def _unpooled(self, call: Awaitable[T]) -> T:
+        """`_call` on a connection of its own (the fleet log's follower, whose blocking read
+        would otherwise hold one of the data path's connections half the time)."""
+        redis = import_client()
+        try:
+            async with asyncio.timeout(self.config.timeout):
                 return await call
         except TimeoutError:
             self._counters["errors"] += 1
@@ -126,9 +152,6 @@ class RedisTier(Tier):
             self._counters["errors"] += 1
             raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url}: "
                               f"{exc}") from None
-        finally:
-            if isinstance(call, Coroutine):
-                call.close()  # never awaited: it timed out or was cancelled waiting for a slot
 
     def server_key(self, key: bytes) -> bytes:
         return self._prefix + b"o:" + key
