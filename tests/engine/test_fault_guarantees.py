@@ -487,6 +487,31 @@ async def test_a_delete_after_a_restart_removes_the_shared_copy(redis_url: str) 
 assert MiB == 1024 * KiB
 
 
+@pytest.mark.redis
+@pytest.mark.pmem
+async def test_an_overwrite_that_fails_never_brings_the_old_value_back(tmp_path: Path,
+                                                                       redis_url: str) -> None:
+    """An overwriting put that removed the old value and then failed leaves no value: the old
+    value's copy on the server (whose delete failed too) is never adopted again, and what derived
+    from the old value is gone, as after a put that succeeded."""
+    cfg = config(tmp_path, ("pmem",))
+    cfg["tiers"].append({"name": "shared", "kind": "redis", "capacity": "16MiB",
+                         "url": redis_url})
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("k", b"old")
+        await kv.put("child", b"derived", parents=["k"])
+        await kv.settle()  # both on the server
+        plan.add("pmem", "eio", rate=1.0, ops=["put"])
+        plan.add("shared", "eio", rate=1.0, ops=["put", "delete"])
+        with pytest.raises(DeviceError):
+            await kv.put("k", b"new")
+        plan.enabled = False
+        await kv.settle()
+        assert await kv.get("k") is None
+        assert await kv.get("child") is None
+
+
 # -- known limits: what the fault tests found and the engine does not yet guarantee ------------
 @pytest.mark.pmem
 @pytest.mark.xfail(strict=True, reason="a delete a failing device refused leaves the copy on "

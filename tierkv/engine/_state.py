@@ -74,6 +74,9 @@ class EngineState:
         self.misses = MissWatch(config.health, clock)
         tracer = tracer_for(tracer_provider)
         self.tracing = None if tracer is None else Tracing(tracer, self.names)
+        #: called (on the loop, no await) when an overwriting put failed or was cancelled after
+        #: it removed the old value: the engine invalidates what derived from it (`engine`)
+        self.lost_overwrite: Callable[[bytes], None] | None = None
         #: objects the engine keeps for itself in a persistent tier (never indexed): key → tier
         self.own: dict[bytes, int] = {}
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

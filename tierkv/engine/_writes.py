@@ -40,20 +40,28 @@ class Writes:
             st.check_open()
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
-            if old is not None:
-                await self._copies.discard(old, claim)
-            entry = st.index.new_entry(key, meta)
-            first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
-            if first is None:
-                self._check_breakers(entry.nbytes, 0, persistent=False)
-                raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
-            placed = await self._copies.store(entry, payload, first, claim)
-            if self._write_through:
-                try:
-                    await self._make_durable(entry, payload, placed, claim)
-                except BaseException:
-                    self._abandon(entry, claim)
-                    raise
+            try:
+                if old is not None:
+                    await self._copies.discard(old, claim)
+                entry = st.index.new_entry(key, meta)
+                first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
+                if first is None:
+                    self._check_breakers(entry.nbytes, 0, persistent=False)
+                    raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
+                placed = await self._copies.store(entry, payload, first, claim)
+                if self._write_through:
+                    try:
+                        await self._make_durable(entry, payload, placed, claim)
+                    except BaseException:
+                        self._abandon(entry, claim)
+                        raise
+            except BaseException:
+                # the old value is gone and the new one is not there: what derives from the old
+                # one must go too, and no copy of it elsewhere (a shared tier's, whose delete
+                # may have failed) may be read again; no await here (a cancelled put too)
+                if old is not None and st.lost_overwrite is not None:
+                    st.lost_overwrite(key)
+                raise
         return old is not None
 
     def _abandon(self, entry: IndexEntry, claim: Claim) -> None:

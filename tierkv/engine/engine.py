@@ -92,6 +92,7 @@ class Engine:
         self._writes = Writes(st, copies)
         self._flusher = Flusher(st, copies)
         self._invalidations = Invalidations(st, self._writes, self._shared)
+        st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
         self._background = Background(st, self._executor)
         self._background.evictors[0].protect_pins(self._pins.counts)
@@ -118,6 +119,15 @@ class Engine:
             tier.set_space_listener(st.spaces[index].freed)
         self._background.start()
         await self._shared.start(self._invalidations.forget)
+
+    def _lost_overwrite(self, key: bytes) -> None:
+        """An overwriting put failed after it removed the old value: in the background, remove
+        what derived from the old value and tell the fleet (whose copies of it, the shared
+        tier's included, must not be read again), as a put that succeeded would have."""
+        async def invalidate() -> None:
+            await self._invalidations.descendants(key)
+
+        self._st.spawn(invalidate())
 
     def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
