@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import msgpack
 
@@ -34,7 +34,6 @@ from tierkv.config import RedisTierConfig
 from tierkv.errors import DeviceError
 
 log = logging.getLogger("tierkv.tiers.redis")
-T = TypeVar("T")
 Call = Callable[[Awaitable[Any]], Awaitable[Any]]
 #: called with the keys another engine invalidated; returns once they are gone here
 Listener = Callable[[list[bytes]], Awaitable[None]]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -116,22 +116,15 @@ class RedisTier(Tier):
         """`call`, bounded by the timeout (waiting for one of the `pool_size` connections
         included); a failure of the server or the network is a `DeviceError` naming the
         server (never its credentials)."""
+        return await self._unpooled(self._holding_a_slot(call))
+
+    async def _holding_a_slot(self, call: Awaitable[T]) -> T:
         try:
-            async with self._slots_within_timeout():
-                return await self._unpooled(call)
+            async with self._slots:
+                return await call
         finally:
             if isinstance(call, Coroutine):
                 call.close()  # never awaited: it timed out or was cancelled waiting for a slot
-
-    @contextlib.asynccontextmanager
-    async def _slots_within_timeout(self) -> AsyncIterator[None]:
-        try:
-            async with asyncio.timeout(self.config.timeout), self._slots:
-                yield
-        except TimeoutError:
-            self._counters["errors"] += 1
-            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
-                              f"answer within {self.config.timeout:g}s") from None
 
     async def _unpooled(self, call: Awaitable[T]) -> T:
         """`_call` on a connection of its own (the fleet log's follower, whose blocking read
