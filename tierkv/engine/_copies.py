@@ -140,6 +140,8 @@ class CopyOps:
         claim.mark(tier)
         if await self.delete(entry.key, tier):
             claim.clear(tier)
+        elif st.refused_delete is not None:  # the key's scrub retries; a flush records it
+            st.refused_delete(entry.key, tier)
         return last
 
     async def discard(self, entry: IndexEntry, claim: Claim, *, keep_shared: bool = False
@@ -176,7 +178,10 @@ class CopyOps:
                 try:
                     existed = await st.guards[tier].settle(st.tiers[tier].delete, key)
                 except TierKVError as exc:  # a failing or closed tier: the orphan stays
-                    st.counters.device_errors += isinstance(exc, DeviceError)
+                    if isinstance(exc, DeviceError):
+                        st.counters.device_errors += 1
+                        if st.refused_delete is not None:  # until a flush deletes or records it
+                            st.refused_delete(key, tier)
                     log.warning("tier %s: cleaning up a cancelled write failed: %s",
                                 st.names[tier], exc)
                 else:

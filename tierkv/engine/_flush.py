@@ -5,7 +5,9 @@ each into the first persistent tier that can hold it (holding each key in turn, 
 of the key in progress finishes first; an object changed meanwhile needs nothing), at most
 `migration_concurrency` at once, then flushes every persistent tier through its group commit. An
 object that cannot be made durable makes `flush` raise (the first such error) once the others
-are done. Objects stored after `flush` was called are not covered.
+are done. Objects stored after `flush` was called are not covered. Deletes a persistent tier
+refused are first retried, and those still refused recorded as tombstones (`_tombstones`), so
+the syncs cover them as well.
 """
 
 from __future__ import annotations
@@ -16,17 +18,19 @@ from tierkv._concurrency import bounded_map
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState
+from tierkv.engine._tombstones import Tombstones
 from tierkv.errors import DeviceError, TierKVError
 
 log = logging.getLogger("tierkv.engine")
 
 
 class Flusher:
-    __slots__ = ("_copies", "_st")
+    __slots__ = ("_copies", "_st", "_tombstones")
 
-    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+    def __init__(self, state: EngineState, copies: CopyOps, tombstones: Tombstones) -> None:
         self._st = state
         self._copies = copies
+        self._tombstones = tombstones
 
     async def flush(self) -> None:
         st = self._st
@@ -34,6 +38,11 @@ class Flusher:
             return
         failures: list[TierKVError] = []
         persisted: list[tuple[IndexEntry, int]] = []
+        try:
+            await self._tombstones.settle()
+        except DeviceError as exc:
+            log.warning("flush: %s", exc)
+            failures.append(exc)
 
         async def persist(entry: IndexEntry) -> None:
             try:

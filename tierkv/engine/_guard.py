@@ -8,9 +8,12 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   counts as failed. Cutting it off is cancelling it, which the Tier contract makes safe: the
   tier's own background work (a region read, a copy on a worker thread) finishes by itself and
   holds its buffers until it does.
-- `write` (put): skipped while the breaker is open, so the write falls through to the next
-  tier; a slow write counts as failed but is waited for (a write cut off half-way would only
-  have to be scrubbed, and the object must land somewhere).
+- `write` (put, and the copies of moves): skipped while the breaker is open, so the write
+  falls through to the next tier; cut off at `slow_operation` like a read, and failed: the put
+  writes the next tier instead, a move leaves its source in place. What the cut-off write may
+  still leave in the tier (its IO finishing in the background) is the key's to scrub: the
+  caller marked the tier dirty before the call (`_keys`), and the tier orders the scrub's
+  delete after the put it cancelled.
 - `settle` (delete, flush): never skipped, never cut off, only recorded: a delete is what keeps
   an invalidated object from coming back, and a flush is what makes an acknowledged one durable.
 
@@ -47,8 +50,8 @@ class Guard:
     def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
                  timed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self._index = index
-        #: reads are cut off at `slow_operation` (not in a tier that does no IO, the gpu
-        #: slot pool, whose reads are copies on the loop: a timer would cost more than they do)
+        #: reads and writes are cut off at `slow_operation` (not in a tier that does no IO, the
+        #: gpu slot pool, whose calls are copies on the loop: a timer would cost more than they do)
         self._timed = timed
         self.name = name
         self._changed = changed
@@ -67,6 +70,14 @@ class Guard:
         return self.breaker.state(self._clock())
 
     async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._cut_off("a read", "read elsewhere", call, *args, **kwargs)
+
+    async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+        return await self._cut_off("a write", "write elsewhere", call, *args, **kwargs)
+
+    async def _cut_off(self, what: str, then: str, call: Callable[P, Awaitable[T]],
+                       *args: P.args, **kwargs: P.kwargs) -> T:
         permit = self._admit()
         breaker = self.breaker
         try:
@@ -77,23 +88,12 @@ class Guard:
                 result = await call(*args, **kwargs)
         except TimeoutError:
             breaker.failure(permit, self._clock())
-            raise DeviceError(f"tier {self.name!r} did not answer a read within "
-                              f"{self._slow:g}s; read elsewhere") from None
+            raise DeviceError(f"tier {self.name!r} did not answer {what} within "
+                              f"{self._slow:g}s; {then}") from None
         except BaseException as exc:
             self._report(permit, exc)
             raise
         breaker.success(permit, self._clock())
-        return result
-
-    async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
-                    **kwargs: P.kwargs) -> T:
-        permit = self._admit()
-        try:
-            result = await call(*args, **kwargs)
-        except BaseException as exc:
-            self._report(permit, exc)
-            raise
-        self.breaker.success(permit, self._clock())
         return result
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,

@@ -87,6 +87,11 @@ class Index:
         self._generation += 1
         return IndexEntry(key, meta.with_generation(self._generation))
 
+    @property
+    def issued(self) -> int:
+        """The largest generation numbered so far (recovered, or given to a new entry)."""
+        return self._generation
+
     def adopt_generation(self, generation: int) -> None:
         """Recovery found `generation` on media: later puts number above it."""
         self._generation = max(self._generation, generation)

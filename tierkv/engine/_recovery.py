@@ -40,7 +40,7 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
     now = state.now()
     for obj in recovered:
         if is_engine_key(obj.key):
-            state.own[obj.key] = tier_index
+            state.own.setdefault(obj.key, []).append(tier_index)
             index.adopt_generation(obj.meta.generation)
             continue
         entry = index.get(obj.key)

@@ -85,16 +85,17 @@ class Shared:
 
     async def _saved_cursor(self) -> int | None:
         st = self._st
-        where = st.own.get(FLEET_CURSOR_KEY)
-        if where is None:
-            return None
-        try:
-            got = await st.tiers[where].get(FLEET_CURSOR_KEY)
-        except DeviceError:
-            return None
-        if got is None or got[0].nbytes != _CURSOR.size:
-            return None
-        return int(_CURSOR.unpack(payload_view(got[1]))[0])
+        newest: tuple[int, int] | None = None  # (generation, cursor) of the newest copy
+        for where in st.own.get(FLEET_CURSOR_KEY, []):
+            try:
+                got = await st.tiers[where].get(FLEET_CURSOR_KEY)
+            except DeviceError:
+                continue
+            if got is None or got[0].nbytes != _CURSOR.size:
+                continue
+            found = (got[0].generation, int(_CURSOR.unpack(payload_view(got[1]))[0]))
+            newest = found if newest is None else max(newest, found)
+        return None if newest is None else newest[1]
 
     async def save_cursor(self) -> None:
         """Keep this engine's position in the fleet's log in the first persistent tier, beside
@@ -107,12 +108,13 @@ class Shared:
             return  # nothing persistent: nothing to recover, nothing to describe
         meta, payload = encode_value(_CURSOR.pack(self.tier.fleet.cursor))
         meta = meta.with_generation(st.index.new_entry(FLEET_CURSOR_KEY, meta).generation)
-        previous = st.own.get(FLEET_CURSOR_KEY)
+        previous = st.own.get(FLEET_CURSOR_KEY, [])
         try:
             await st.tiers[durable].put(FLEET_CURSOR_KEY, meta, payload)
-            st.own[FLEET_CURSOR_KEY] = durable
-            if previous is not None and previous != durable:
-                await st.tiers[previous].delete(FLEET_CURSOR_KEY)
+            st.own[FLEET_CURSOR_KEY] = [durable]
+            for older in previous:
+                if older != durable:
+                    await st.tiers[older].delete(FLEET_CURSOR_KEY)
             await st.commits[durable].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
             log.warning("could not keep the fleet cursor: %s", exc)

@@ -77,8 +77,12 @@ class EngineState:
         #: called (on the loop, no await) when an overwriting put failed or was cancelled after
         #: it removed the old value: the engine invalidates what derived from it (`engine`)
         self.lost_overwrite: Callable[[bytes], None] | None = None
-        #: objects the engine keeps for itself in a persistent tier (never indexed): key → tier
-        self.own: dict[bytes, int] = {}
+        #: objects the engine keeps for itself in persistent tiers (never indexed): key → the
+        #: tiers holding one (more than one where deleting an older one failed)
+        self.own: dict[bytes, list[int]] = {}
+        #: called (on the loop, no await) when a persistent tier failed to delete a key's copy
+        #: that the index no longer lists (`_tombstones`)
+        self.refused_delete: Callable[[bytes, int], None] | None = None
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)
         self.background_budget = ByteBudget(config.scheduler.background_bandwidth)
         self.tasks: set[asyncio.Task[None]] = set()

@@ -49,6 +49,7 @@ from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState, log
 from tierkv.engine._storms import MissStormCallback
+from tierkv.engine._tombstones import Tombstones
 from tierkv.engine._tracing import (
     DELETE,
     FLUSH,
@@ -90,7 +91,8 @@ class Engine:
         self._shared = Shared(st, self._executor)
         self._reads = Reads(st, copies, self._executor, self._shared)
         self._writes = Writes(st, copies)
-        self._flusher = Flusher(st, copies)
+        self._tombstones = Tombstones(st, copies)
+        self._flusher = Flusher(st, copies, self._tombstones)
         self._invalidations = Invalidations(st, self._writes, self._shared)
         st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
@@ -112,6 +114,7 @@ class Engine:
         """Open every tier, index what the persistent ones recovered, start the background."""
         st = self._st
         await open_tiers(st)
+        await self._tombstones.recover()
         self._closed = False
         self._executor.start()
         for index, tier in enumerate(self.tiers):

@@ -54,6 +54,11 @@ class EngineCounters:
     space_timeouts: int = 0
     #: copies of cancelled or failed operations deleted afterwards
     orphans_scrubbed: int = 0
+    #: copies a persistent tier failed to delete (each kept as a tombstone until deleted);
+    #: those deleted on a later try; objects a tombstone removed at open
+    deletes_refused: int = 0
+    deletes_retried: int = 0
+    recovered_tombstoned: int = 0
     #: the shared tier: puts copied there (objects, bytes); local misses looked up there, the
     #: ones found and adopted, the ones refused as stale (an invalidation they predate) or
     #: because the key was busy; keys other engines invalidated that this one dropped

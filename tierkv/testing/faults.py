@@ -17,9 +17,10 @@ or by schedule (the n-th call of that kind), and counts what fired. Its text for
 nvme:flip=0.01,nvme:latency=0.2@50ms,redis:hang=0.001;ops=get``; a fault applies to the tier
 named (and, for ``flip``/``torn``, to its block device); ``ops`` (among get, put, delete,
 flush; a device's reads are ``get`` and its writes ``put``) limits it to those calls. A
-``latency`` needs its duration (``@50ms``). A ``hang`` of a put, delete or flush holds that
-call (and a `close` waiting for it) until it is cancelled: the engine waits for writes, and
-cuts off only reads (`tierkv.engine._guard`), so give hangs ``;ops=get`` outside tests of that.
+``latency`` needs its duration (``@50ms``). A ``hang`` holds the call until it is cancelled:
+the engine cuts off reads and writes at ``[health] slow_operation`` (`tierkv.engine._guard`),
+but waits for deletes and flushes (and a `close` for them), so give hangs ``;ops=get|put``
+outside tests of that.
 """
 
 from __future__ import annotations

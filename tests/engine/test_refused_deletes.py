@@ -1,0 +1,167 @@
+"""Deletes a failing device refused (issue 13): the object never comes back.
+
+A persistent tier that fails a delete keeps the copy on its media; the engine retries the
+delete at each flush and records what is still refused as tombstones in a tier that takes
+them, so that a reopen — after a clean close or a `kill -9` — never serves the deleted,
+invalidated or overwritten value, and never loses a newer one. Faults are injected with
+`tierkv.testing.faults` (real `DeviceError`s from the tier's calls); every reopen is a plain
+`tierkv.open` with no faults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine.test_fault_guarantees import config, faulty_engine, value
+from tierkv.errors import DeviceError
+from tierkv.testing.faults import FaultPlan, open_with_faults
+
+pytestmark = pytest.mark.pmem
+
+
+def counters(kv: tierkv.Engine) -> dict[str, Any]:
+    engine: dict[str, Any] = kv.stats()["engine"]
+    return engine
+
+
+async def test_a_delete_the_device_refused_does_not_come_back(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    await kv.put("k", b"old")
+    await kv.put("other", b"kept")
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+    assert await kv.delete("k")
+    assert await kv.get("k") is None
+    await kv.flush()
+    assert counters(kv)["deletes_refused"] == 1
+    await kv.close()  # the device still refuses: the close's flush cannot delete it either
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") is None
+        assert await reopened.get("other") == b"kept"
+        assert counters(reopened)["recovered_tombstoned"] == 1
+
+
+async def test_an_invalidation_the_device_refused_does_not_come_back(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("parent", b"p")
+        await kv.put("child", b"c", parents=["parent"])
+        await kv.put("grandchild", b"g", parents=["child"])
+        await kv.flush()
+        plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+        assert await kv.invalidate("parent") == 3
+        await kv.flush()
+    async with tierkv.open(cfg) as reopened:
+        for key in ("parent", "child", "grandchild"):
+            assert await reopened.get(key) is None, key
+
+
+async def test_a_newer_value_outlives_the_tombstone_of_the_older(tmp_path: Path) -> None:
+    """The overwritten value's copy stays in the refusing pmem pool; the new one lands in the
+    nvme log (pmem refuses puts too) with the tombstone: the reopen serves the new value."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    old, new = value("k", 1, 3000), value("k", 2, 3000)
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("k", old)
+        await kv.flush()
+        plan.add("pmem", "eio", rate=1.0, ops=["delete", "put"])
+        await kv.put("k", new)
+        assert await kv.locate("k") == "nvme"
+        await kv.flush()
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") == new
+
+
+async def test_a_refused_delete_is_made_once_the_device_heals(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("k", b"old")
+        await kv.flush()
+        plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+        await kv.delete("k")
+        await kv.flush()
+        plan.enabled = False
+        await kv.flush()
+        assert counters(kv)["deletes_retried"] == 1
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") is None
+        assert counters(reopened)["recovered_tombstoned"] == 0  # nothing left to remove
+
+
+async def test_flush_raises_when_a_refused_delete_cannot_be_recorded(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ("pmem",))
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("k", b"old")
+        await kv.flush()
+        plan.add("pmem", "eio", rate=1.0, ops=["delete", "put"])
+        await kv.delete("k")
+        with pytest.raises(DeviceError, match="could not be recorded"):
+            await kv.flush()
+        plan.enabled = False
+        await kv.flush()  # healed: the delete is made, the barrier holds again
+
+
+_CHILD = """
+import asyncio, json, sys
+import tierkv
+from tierkv.testing.faults import FaultPlan, open_with_faults
+
+async def main(cfg):
+    plan = FaultPlan()
+    plan.enabled = False
+    kv = await open_with_faults(cfg, plan)
+    plan.enabled = True
+    for i in range(40):
+        await kv.put(f"k{i}", bytes([i]) * 5000)
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+    for i in range(0, 40, 2):
+        assert await kv.delete(f"k{i}")
+    await kv.invalidate("k1")
+    await kv.flush()
+    print("FLUSHED", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+def run_child_until_flushed(cfg: dict[str, Any]) -> None:
+    """Run `_CHILD` on `cfg` until its last flush returned, then `kill -9` it."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg)],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "FLUSHED"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
+async def test_refused_deletes_stay_deleted_after_kill_9(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ("gpu", "pmem", "nvme"))
+    run_child_until_flushed(cfg)
+    async with tierkv.open(cfg) as reopened:
+        for i in range(40):
+            got = await reopened.get(f"k{i}")
+            if i % 2 == 0 or i == 1:
+                assert got is None, i
+            else:
+                assert got == bytes([i]) * 5000, i

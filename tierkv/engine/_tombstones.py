@@ -1,0 +1,158 @@
+"""Deletes a failing device refused: retried, and recorded so that the object never comes back.
+
+A delete (of `delete`, `invalidate`, an overwriting `put`, the scrub of a cancelled write) that
+a persistent tier fails leaves a copy on its media that the index no longer lists: a reopen
+would recover it as live, and a deleted or overwritten value would come back. Such a copy is
+*pending* here: its key and the tiers that may still hold it. `flush` (and so `close`) first
+retries each pending delete under the key's gate, then writes what is still pending as
+tombstones (`tierkv.formats.tombstones`: every copy of the key up to a generation bound is
+dead) into a persistent tier that takes the record, before the tiers' syncs: a flush that
+returns covers the deletes that returned before it, as it covers the puts. A flush that can
+write the record nowhere raises `DeviceError`.
+
+The bound is taken under the key's gate, so no put of the key is half-way: with no entry
+indexed, every generation numbered so far; with one, the generations below its own (its copies,
+which the index lists, are live; a copy the refusing tier holds of it was overwritten by it).
+At open, once every tier has been indexed, the records found are applied: entries at or below
+their bound are removed and their copies deleted (pending again where a tier still refuses),
+and later puts are numbered above every bound.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tierkv.engine._copies import CopyOps
+from tierkv.engine._state import EngineState
+from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.formats.tombstones import decode_tombstones, encode_tombstones
+from tierkv.formats.value import encode_value, payload_view
+from tierkv.keys import TOMBSTONES_KEY
+
+log = logging.getLogger("tierkv.engine")
+
+
+class Tombstones:
+    __slots__ = ("_copies", "_pending", "_recorded", "_st")
+
+    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+        self._st = state
+        self._copies = copies
+        #: key → the persistent tiers whose delete of its copy failed
+        self._pending: dict[bytes, set[int]] = {}
+        #: the bounds the record on media holds (last written, or found at open)
+        self._recorded: dict[bytes, int] = {}
+        state.refused_delete = self.refused
+
+    @property
+    def pending(self) -> int:
+        """Keys with a copy a tier refused to delete, not yet deleted."""
+        return len(self._pending)
+
+    def refused(self, key: bytes, tier: int) -> None:
+        """`tier` failed to delete `key`'s copy, which the index no longer lists."""
+        device = self._st.tiers[tier]
+        if not device.persistent or device.shared:
+            return  # gone at the next open anyway; the shared tier has the fleet's log
+        tiers = self._pending.setdefault(key, set())
+        if tier not in tiers:
+            tiers.add(tier)
+            self._st.counters.deletes_refused += 1
+
+    async def settle(self) -> None:
+        """Retry the pending deletes; record those still refused (`flush`, before the syncs).
+        `DeviceError` if they could not be recorded anywhere."""
+        bounds: dict[bytes, int] = {}
+        for key in list(self._pending):
+            bound = await self._retry(key)
+            if bound is not None:
+                bounds[key] = bound
+        if bounds != self._recorded:
+            await self._record(bounds)
+
+    async def _retry(self, key: bytes) -> int | None:
+        """Delete `key`'s refused copies again; the bound of its tombstone if one still
+        stands, else None."""
+        st = self._st
+        async with st.keys.hold(key):
+            tiers = self._pending.get(key)
+            if tiers is None:
+                return None
+            entry = st.index.get(key)
+            for tier in sorted(tiers):
+                if entry is not None and tier in entry.locations:
+                    tiers.discard(tier)  # a later value's copy replaced the refused one
+                    continue
+                try:
+                    await st.guards[tier].settle(st.tiers[tier].delete, key)
+                except TierKVError:
+                    continue
+                tiers.discard(tier)
+                st.counters.deletes_retried += 1
+                st.spaces[tier].freed()
+            if not tiers:
+                del self._pending[key]
+                return None
+            return st.index.issued if entry is None else entry.generation - 1
+
+    async def _record(self, bounds: dict[bytes, int]) -> None:
+        st = self._st
+        previous = st.own.pop(TOMBSTONES_KEY, [])
+        kept: list[int] = []
+        failure: TierKVError | None = None
+        if bounds:
+            meta, payload = encode_value(encode_tombstones(bounds))
+            meta = meta.with_generation(st.index.new_entry(TOMBSTONES_KEY, meta).generation)
+            for tier, device in enumerate(st.tiers):
+                if not device.persistent or device.shared or not st.scheduler.usable[tier]:
+                    continue
+                try:
+                    await st.guards[tier].write(device.put, TOMBSTONES_KEY, meta, payload)
+                except TierKVError as exc:
+                    failure = exc
+                    continue
+                kept.append(tier)
+                break
+            else:
+                st.own[TOMBSTONES_KEY] = previous  # the older records still hold true
+                raise DeviceError(
+                    f"{len(bounds)} deletes that a device refused could not be recorded in any "
+                    "persistent tier: those objects may come back after a restart") from failure
+        for tier in previous:  # an older record: its bounds are all in the new one, or void
+            if tier in kept:
+                continue
+            try:
+                await st.guards[tier].settle(st.tiers[tier].delete, TOMBSTONES_KEY)
+            except TierKVError:
+                kept.append(tier)  # it stays true (generations only grow); read again at open
+        if kept:
+            st.own[TOMBSTONES_KEY] = kept
+        self._recorded = bounds
+
+    async def recover(self) -> None:
+        """At open: apply the tombstones recorded by earlier runs to what the tiers recovered."""
+        st = self._st
+        found: dict[bytes, int] = {}
+        for tier in st.own.get(TOMBSTONES_KEY, []):
+            try:
+                got = await st.tiers[tier].get(TOMBSTONES_KEY)
+                if got is None:
+                    raise CorruptObjectError("the record is no longer there")
+                bounds = decode_tombstones(payload_view(got[1]))
+            except (DeviceError, CorruptObjectError) as exc:
+                log.warning("tier %s: the record of refused deletes is unreadable (%s): objects "
+                            "deleted while a device refused may come back", st.names[tier], exc)
+                continue
+            for key, bound in bounds.items():
+                found[key] = max(found.get(key, 0), bound)
+        self._recorded = found
+        for key, bound in found.items():
+            st.index.adopt_generation(bound)
+            entry = st.index.get(key)
+            if entry is None or entry.generation > bound:
+                continue
+            async with st.keys.hold(key) as claim:
+                entry = st.index.detach(key)
+                if entry is not None:
+                    await self._copies.discard(entry, claim)
+                    st.counters.recovered_tombstoned += 1
