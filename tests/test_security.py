@@ -59,3 +59,19 @@ async def test_the_shared_tiers_password_is_in_no_stats_no_log_and_no_error(
         assert secret not in str(failed.value)
     assert "the shared tier failed a lookup" in caplog.text  # the outage was logged...
     assert secret not in caplog.text  # ...without the credentials
+
+
+@pytest.mark.parametrize("url", [
+    "rediss://user:s3cret@host:6380/0?ssl_ca_certs=/ca.pem&password=s3cret&ssl_password=s3cret",
+    "redis://host:6379?password=s3cret&db=2",
+    "redis://:s3cret@host:6379",
+    "redis://host:6379/0?USERNAME=s3cret&Password=s3cret",
+])
+def test_a_url_is_shown_without_its_credentials_wherever_they_are(url: str) -> None:
+    from tierkv.config.schema import redact_url
+
+    shown = redact_url(url)
+    assert "s3cret" not in shown
+    assert shown.startswith(url.partition("://")[0] + "://host:")
+    if "ssl_ca_certs" in url:
+        assert shown.endswith("?ssl_ca_certs=/ca.pem")

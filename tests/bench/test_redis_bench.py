@@ -17,8 +17,9 @@ from tierkv.cli import main
 
 pytestmark = pytest.mark.redis
 
-THROUGHPUT = ("put 64KiB, 8 tasks (", "put 64KiB, 8 tasks, vs pipelined", "get_many 64KiB x4",
-              "put 1MiB, 8 tasks (", "put 1MiB, 8 tasks, vs pipelined", "get_many 1MiB x4")
+THROUGHPUT = ("put 64KiB, 8 tasks (", "put 64KiB, 8 tasks, vs pipelined", "put 64KiB x4 at once",
+              "get_many 64KiB x4", "put 1MiB, 8 tasks (", "put 1MiB, 8 tasks, vs pipelined",
+              "put 1MiB x4 at once", "get_many 1MiB x4")
 LATENCY = ("cross-engine hit 64KiB p50", "cross-engine hit 64KiB p99",
            "shared lookup 64KiB p50", "shared lookup 64KiB p99")
 

@@ -10,6 +10,7 @@ invalidated or overwritten value, and never loses a newer one. Faults are inject
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 
 import tierkv
-from tests.engine.test_fault_guarantees import config, faulty_engine, value
+from tests.engine.test_fault_guarantees import MARGIN, SLOW, config, faulty_engine, value
 from tierkv.errors import DeviceError
 from tierkv.testing.faults import FaultPlan, open_with_faults
 
@@ -165,3 +166,26 @@ async def test_refused_deletes_stay_deleted_after_kill_9(tmp_path: Path) -> None
                 assert got is None, i
             else:
                 assert got == bytes([i]) * 5000, i
+
+
+async def test_a_hung_delete_is_cut_off_and_still_never_comes_back(tmp_path: Path) -> None:
+    """A pmem pool whose deletes never answer: each delete returns within `slow_operation`
+    and a margin (cut off, recorded as refused); a reopen does not bring the objects back."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    for i in range(3):
+        await kv.put(f"k{i}", value(f"k{i}", 0, 2000))
+    await kv.flush()
+    plan.add("pmem", "hang", rate=1.0, ops=["delete"])
+    loop = asyncio.get_running_loop()
+    for i in range(3):
+        started = loop.time()
+        assert await kv.delete(f"k{i}")
+        assert loop.time() - started < SLOW + MARGIN
+    await kv.flush()
+    assert counters(kv)["deletes_refused"] == 3
+    await kv.close()
+    async with tierkv.open(cfg) as reopened:
+        for i in range(3):
+            assert await reopened.get(f"k{i}") is None, i

@@ -33,11 +33,14 @@ next flush). The next epoch starts on fresh media under a fresh key prefix.
 Goals: nothing served corrupt; nothing stale during a round; nothing lost but what detected
 corruption explains (a flip caught by a checksum drops the copy it hit, and an object whose
 only copy that was is gone: each such loss is also a counted checksum failure). Stale versions
-after a reopen are reported apart: a delete (or the delete of an overwritten version) that a
-failing device refused leaves that copy on media, and a reopen recovers it.
+after a reopen are reported apart (a delete or overwrite a failing device refused is recorded
+as a tombstone at the next flush, `tierkv.engine._tombstones`; one it could not record, or one
+the shared tier still holds, is what would show here).
 
-A call that takes longer than `STUCK` seconds is cancelled and counted (``stuck``): a hang
-fault on writes (``;ops=get`` keeps hangs to reads) or a bug.
+A call that takes longer than `STUCK` seconds is cancelled and counted (``stuck``): a bug, or a
+hang fault on what the engine must wait for — a tier's flush, or the nvme device's writes that
+a flush waits for (reads, puts and deletes are cut off at ``slow_operation``: hangs with
+``;ops=get|put|delete`` on a tier, ``;ops=get`` on the nvme device).
 """
 
 from __future__ import annotations

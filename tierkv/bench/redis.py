@@ -7,8 +7,10 @@ redis-py's asyncio client with hiredis (``Redis.from_url(url)``) moving the same
 same run:
 
 - put: `RedisTier.put` of `count` keys from `TASKS` tasks, beside plain ``SET`` of the same
-  payloads from as many tasks, and beside pipelined ``SET`` batches of `BATCH` keys (the tier's
-  put is one key per round trip; the pipelined baseline says what batching would buy);
+  payloads from as many tasks, and beside pipelined ``SET`` batches of `BATCH` keys; the same
+  puts issued `BATCH` at a time by each task (``asyncio.gather``: the engine shares its puts in
+  the background, many at once), which the tier's batcher sends in one pipeline per batch,
+  beside the same pipelined ``SET`` batches;
 - get_many: `RedisTier.get_many` of batches of `BATCH` held keys from `TASKS` tasks, beside a
   ``pipeline(transaction=False)`` of ``GET`` of the same server keys, same batches, same tasks;
 - the cross-engine hit (`tierkv.bench.redis_hits`).
@@ -158,6 +160,10 @@ async def _throughput(tier: RedisTier, raw: Any, prefix: str, size: int, *, quic
     async def tier_put(key: bytes) -> None:
         await tier.put(key, meta, data)
 
+    async def tier_puts_together(some: Sequence[bytes]) -> None:
+        # a batch's puts issued at once: the tier's batcher sends them in one pipeline
+        await asyncio.gather(*(tier.put(key, meta, data) for key in some))
+
     async def raw_set(key: bytes) -> None:
         await raw.set(key, data)
 
@@ -186,9 +192,9 @@ async def _throughput(tier: RedisTier, raw: Any, prefix: str, size: int, *, quic
         await raw.unlink(*raw_keys)
         return plain, pipelined
 
-    async def tier_round(raw_first: bool) -> tuple[float, float, float]:
-        """Tier puts, then both reads of what they wrote, in the order given; then none of
-        it is left."""
+    async def tier_round(raw_first: bool) -> tuple[float, float, float, float]:
+        """Tier puts, then both reads of what they wrote, in the order given, then the same
+        puts issued a batch at a time; then none of it is left."""
         put = await _lanes(keys, tier_put)
         await _lanes(_batches(server_keys, batch), raw_get_batch)  # untimed: both reads warm
         found.clear()
@@ -202,9 +208,12 @@ async def _throughput(tier: RedisTier, raw: Any, prefix: str, size: int, *, quic
             raise DeviceError(f"redis bench: {2 * count - sum(found)} of the objects just "
                               "written were not read back (did the server evict them?)")
         await tier.delete_many(keys)
-        return put, get_many, get_raw
+        together = await _lanes(_batches(keys, batch), tier_puts_together)
+        await tier.delete_many(keys)
+        return put, together, get_many, get_raw
 
-    cases: dict[str, list[Pair]] = {"put": [], "put_pipelined": [], "get_many": []}
+    cases: dict[str, list[Pair]] = {"put": [], "put_pipelined": [], "put_together": [],
+                                    "get_many": []}
     label = format_size(size)
     rate = size * count / (1 << 20)
     for n in range(rounds):
@@ -214,18 +223,21 @@ async def _throughput(tier: RedisTier, raw: Any, prefix: str, size: int, *, quic
         raw_first = n % 2 == 1
         if raw_first:
             set_s, set_pipelined = await raw_puts()
-            put, get_many, get_raw = await tier_round(raw_first)
+            put, together, get_many, get_raw = await tier_round(raw_first)
         else:
-            put, get_many, get_raw = await tier_round(raw_first)
+            put, together, get_many, get_raw = await tier_round(raw_first)
             set_s, set_pipelined = await raw_puts()
         cases["put"].append(Pair(rate / put, rate / set_s, raw_first))
         cases["put_pipelined"].append(Pair(rate / put, rate / set_pipelined, raw_first))
+        cases["put_together"].append(Pair(rate / together, rate / set_pipelined, raw_first))
         cases["get_many"].append(Pair(rate / get_many, rate / get_raw, raw_first))
         progress(f"redis {label}", n + 1, rounds)
     rows = [
         _pair_row(f"put {label}, {TASKS} tasks", cases["put"],
                   f"redis-py SET, {TASKS} tasks"),
         _pair_row(f"put {label}, {TASKS} tasks, vs pipelined", cases["put_pipelined"],
+                  f"redis-py pipelined SET x{batch}, {TASKS} tasks"),
+        _pair_row(f"put {label} x{batch} at once, {TASKS} tasks", cases["put_together"],
                   f"redis-py pipelined SET x{batch}, {TASKS} tasks"),
         _pair_row(f"get_many {label} x{batch}, {TASKS} tasks", cases["get_many"],
                   f"redis-py pipelined GET x{batch}, {TASKS} tasks"),

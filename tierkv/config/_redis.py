@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, urlsplit
 
 from tierkv.config.schema import RedisTierConfig
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 _SCHEMES = ("redis://", "rediss://", "unix://")
 _NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: query parameters refused in a url: `display_url` (messages, `tierkv info`) shows the query
+_SECRET_PARAMETERS = ("password", "ssl_password")
 #: the longest key prefix (a key's prefix is repeated in every key on the server)
 MAX_KEY_PREFIX = 256
 
@@ -31,6 +34,7 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
         if not isinstance(url, str) or not url.startswith(_SCHEMES):
             # the value itself is not echoed: it may carry a password
             raise t.error("url", "expected a redis://, rediss:// or unix:// URL")
+        _check_query(t, url)
     else:
         nodes = _cluster_nodes(t, cluster)
     password_env = t.raw("password_env", None)
@@ -55,6 +59,20 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
         latency=None if t.raw("latency", "probe") == "probe" else t.duration("latency", 0.0),
         bandwidth=None if t.raw("bandwidth", "probe") == "probe" else t.size("bandwidth", 0),
     )
+
+
+def _check_query(t: _Table, url: str) -> None:
+    """The query's parameters go to redis-py's connections as keyword arguments
+    (``rediss://host:port/0?ssl_ca_certs=/path/ca.pem``); refuse those that would be shown or
+    that a plain connection does not take (only the names are quoted, never a value)."""
+    names = parse_qs(urlsplit(url).query)
+    for name in names:
+        if name in _SECRET_PARAMETERS:
+            raise t.error("url", f"{name} must not be in the query, which messages and `tierkv "
+                                 "info` show (a server password goes before the host, "
+                                 "redis://:PASSWORD@host:port, or in password_env)")
+        if name.startswith("ssl_") and not url.startswith("rediss://"):
+            raise t.error("url", f"{name} needs a rediss:// URL (TLS)")
 
 
 def _cluster_nodes(t: _Table, cluster: object) -> tuple[str, ...]:

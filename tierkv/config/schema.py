@@ -170,14 +170,24 @@ class RedisTierConfig:
         return redact_url(self.url)
 
 
+#: query parameters of a redis URL that carry secrets (redis-py reads them as credentials)
+SECRET_URL_PARAMETERS = frozenset({"password", "ssl_password", "username"})
+
+
 def redact_url(url: str) -> str:
-    """`url` with any user and password removed."""
+    """`url` with any user and password removed, in its authority or its query."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
+    rest, question, query = rest.partition("?")
     authority, slash, path = rest.partition("/")
     host = authority.rpartition("@")[2]
-    return f"{scheme}://{host}{slash}{path}"
+    if question:
+        kept = [part for part in query.split("&")
+                if part.partition("=")[0].lower() not in SECRET_URL_PARAMETERS]
+        query = "&".join(kept)
+        question = "?" if kept else ""
+    return f"{scheme}://{host}{slash}{path}{question}{query}"
 
 
 TierConfig = GpuTierConfig | PmemTierConfig | NvmeTierConfig | RedisTierConfig

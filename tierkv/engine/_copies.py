@@ -162,7 +162,7 @@ class CopyOps:
         """Delete `key` in `tier`; False (logged, counted) if the tier failed."""
         st = self._st
         try:
-            await st.guards[tier].settle(st.tiers[tier].delete, key)
+            await st.guards[tier].delete(st.tiers[tier].delete, key)
         except DeviceError as exc:
             st.device_failed(tier, "a delete", exc)
             return False
@@ -176,7 +176,7 @@ class CopyOps:
             entry = st.index.get(key)
             if entry is None or tier not in entry.locations:
                 try:
-                    existed = await st.guards[tier].settle(st.tiers[tier].delete, key)
+                    existed = await st.guards[tier].delete(st.tiers[tier].delete, key)
                 except TierKVError as exc:  # a failing or closed tier: the orphan stays
                     if isinstance(exc, DeviceError):
                         st.counters.device_errors += 1

@@ -1,6 +1,6 @@
 """Each tier's circuit breaker, as the engine's calls into the tier see it.
 
-Every call the engine makes into a tier goes through the tier's `Guard`, one of three ways:
+Every call the engine makes into a tier goes through the tier's `Guard`, one of four ways:
 
 - `read` (get, get_many, the shared tier's lookups): skipped while the breaker is open
   (`TierUnavailableError`, a `DeviceError`: the caller reads the next copy, or misses); a read
@@ -14,8 +14,12 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   still leave in the tier (its IO finishing in the background) is the key's to scrub: the
   caller marked the tier dirty before the call (`_keys`), and the tier orders the scrub's
   delete after the put it cancelled.
-- `settle` (delete, flush): never skipped, never cut off, only recorded: a delete is what keeps
-  an invalidated object from coming back, and a flush is what makes an acknowledged one durable.
+- `delete`: never skipped (a delete is what keeps an invalidated object from coming back), but
+  cut off at `slow_operation`: one that fails or is cut off is the caller's to record
+  (`_tombstones`: retried at each flush, recorded so that a reopen never brings it back).
+- `settle` (flush, and the shared tier's deletes and invalidation notices, bounded by that
+  tier's own timeout): never skipped, never cut off, only recorded: a flush is what makes an
+  acknowledged object durable, and there is nothing to fall back to.
 
 A failure is a `DeviceError` of the tier (or a cut-off read); other errors (a full tier, a
 closed engine, a cancelled caller) say nothing about the device. A state change is logged by
@@ -70,36 +74,25 @@ class Guard:
         return self.breaker.state(self._clock())
 
     async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        return await self._cut_off("a read", "read elsewhere", call, *args, **kwargs)
+        return await self._cut_off(self._admit(), "a read", "read elsewhere", call, *args,
+                                   **kwargs)
 
     async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
-        return await self._cut_off("a write", "write elsewhere", call, *args, **kwargs)
+        return await self._cut_off(self._admit(), "a write", "write elsewhere", call, *args,
+                                   **kwargs)
 
-    async def _cut_off(self, what: str, then: str, call: Callable[P, Awaitable[T]],
-                       *args: P.args, **kwargs: P.kwargs) -> T:
-        permit = self._admit()
-        breaker = self.breaker
-        try:
-            if self._timed:
-                async with asyncio.timeout(self._slow):
-                    result = await call(*args, **kwargs)
-            else:
-                result = await call(*args, **kwargs)
-        except TimeoutError:
-            breaker.failure(permit, self._clock())
-            raise DeviceError(f"tier {self.name!r} did not answer {what} within "
-                              f"{self._slow:g}s; {then}") from None
-        except BaseException as exc:
-            self._report(permit, exc)
-            raise
-        breaker.success(permit, self._clock())
-        return result
+    async def delete(self, call: Callable[P, Awaitable[T]], *args: P.args,
+                     **kwargs: P.kwargs) -> T:
+        """A delete: made whatever the breaker says, cut off at `slow_operation` like a read
+        (the caller records a delete that failed or was cut off: `_tombstones`)."""
+        return await self._cut_off(self.breaker.allow(self._clock()), "a delete",
+                                   "it is retried", call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
-        """A call that must be made whatever the breaker says; its outcome is recorded when
-        the breaker admits a call now (it is not a probe otherwise)."""
+        """A call that must be made whatever the breaker says, and waited for (a flush); its
+        outcome is recorded when the breaker admits a call now (it is not a probe otherwise)."""
         permit = self.breaker.allow(self._clock())
         try:
             result = await call(*args, **kwargs)
@@ -109,6 +102,29 @@ class Guard:
             raise
         if permit is not None:
             self.breaker.success(permit, self._clock())
+        return result
+
+    async def _cut_off(self, permit: Permit | None, what: str, then: str,
+                       call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one."""
+        breaker = self.breaker
+        try:
+            if self._timed:
+                async with asyncio.timeout(self._slow):
+                    result = await call(*args, **kwargs)
+            else:
+                result = await call(*args, **kwargs)
+        except TimeoutError:
+            if permit is not None:
+                breaker.failure(permit, self._clock())
+            raise DeviceError(f"tier {self.name!r} did not answer {what} within "
+                              f"{self._slow:g}s; {then}") from None
+        except BaseException as exc:
+            if permit is not None:
+                self._report(permit, exc)
+            raise
+        if permit is not None:
+            breaker.success(permit, self._clock())
         return result
 
     def _admit(self) -> Permit:

@@ -88,7 +88,7 @@ class Shared:
         newest: tuple[int, int] | None = None  # (generation, cursor) of the newest copy
         for where in st.own.get(FLEET_CURSOR_KEY, []):
             try:
-                got = await st.tiers[where].get(FLEET_CURSOR_KEY)
+                got = await st.guards[where].read(st.tiers[where].get, FLEET_CURSOR_KEY)
             except DeviceError:
                 continue
             if got is None or got[0].nbytes != _CURSOR.size:
@@ -110,11 +110,12 @@ class Shared:
         meta = meta.with_generation(st.index.new_entry(FLEET_CURSOR_KEY, meta).generation)
         previous = st.own.get(FLEET_CURSOR_KEY, [])
         try:
-            await st.tiers[durable].put(FLEET_CURSOR_KEY, meta, payload)
+            await st.guards[durable].write(st.tiers[durable].put, FLEET_CURSOR_KEY, meta,
+                                           payload)
             st.own[FLEET_CURSOR_KEY] = [durable]
             for older in previous:
                 if older != durable:
-                    await st.tiers[older].delete(FLEET_CURSOR_KEY)
+                    await st.guards[older].delete(st.tiers[older].delete, FLEET_CURSOR_KEY)
             await st.commits[durable].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
             log.warning("could not keep the fleet cursor: %s", exc)

@@ -84,7 +84,7 @@ class Tombstones:
                     tiers.discard(tier)  # a later value's copy replaced the refused one
                     continue
                 try:
-                    await st.guards[tier].settle(st.tiers[tier].delete, key)
+                    await st.guards[tier].delete(st.tiers[tier].delete, key)
                 except TierKVError:
                     continue
                 tiers.discard(tier)
@@ -122,7 +122,7 @@ class Tombstones:
             if tier in kept:
                 continue
             try:
-                await st.guards[tier].settle(st.tiers[tier].delete, TOMBSTONES_KEY)
+                await st.guards[tier].delete(st.tiers[tier].delete, TOMBSTONES_KEY)
             except TierKVError:
                 kept.append(tier)  # it stays true (generations only grow); read again at open
         if kept:
@@ -135,7 +135,7 @@ class Tombstones:
         found: dict[bytes, int] = {}
         for tier in st.own.get(TOMBSTONES_KEY, []):
             try:
-                got = await st.tiers[tier].get(TOMBSTONES_KEY)
+                got = await st.guards[tier].read(st.tiers[tier].get, TOMBSTONES_KEY)
                 if got is None:
                     raise CorruptObjectError("the record is no longer there")
                 bounds = decode_tombstones(payload_view(got[1]))

@@ -17,6 +17,7 @@ import logging
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -29,6 +30,7 @@ from typing import BinaryIO, TypeAlias
 from urllib.parse import quote
 
 from tierkv.errors import DeviceError
+from tierkv.testing.redis_tls import TlsFiles, client_context, make_certificates, wrap
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +69,14 @@ def redis_missing() -> str | None:
 
 
 def command(port: int, *args: str | bytes | int, password: str | None = None,
-            timeout: float = 5.0) -> Reply:
+            timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> Reply:
     """Send one command to the server at 127.0.0.1:`port` over a connection of its own
-    (``AUTH`` first when `password` is given) and return its reply.
+    (``AUTH`` first when `password` is given; over TLS with `tls`) and return its reply.
 
-    Raises `OSError` when no connection can be made or it breaks, `DeviceError` on an error reply.
+    Raises `OSError` when no connection can be made or it breaks (`ssl.SSLError`, one, when the
+    TLS handshake fails), `DeviceError` on an error reply.
     """
-    with socket.create_connection((HOST, port), timeout=timeout) as sock, \
+    with wrap(socket.create_connection((HOST, port), timeout=timeout), tls, HOST) as sock, \
             sock.makefile("rb") as stream:
         if password is not None:
             sock.sendall(_encode(("AUTH", password)))
@@ -158,7 +161,9 @@ class RedisServer:
     caps its memory with ``allkeys-lru`` eviction; `password` sets ``requirepass`` (and goes into
     `url`); `unix_socket` makes it listen on ``redis.sock`` in its directory too (`unix_socket`
     then holds the path). `cluster` starts it as a cluster node, not yet in any cluster (see
-    `RedisClusterServers`), with its cluster bus on a second free port.
+    `RedisClusterServers`), with its cluster bus on a second free port. `tls` makes it speak
+    only TLS on its port (``rediss://`` `url`), with a throw-away CA and server certificate in
+    its directory (`ca_file`; `tierkv.testing.redis_tls`); not with `cluster`.
 
     Raises `DeviceError` when ``redis-server`` is not on PATH or the server does not answer
     ``PING`` within `start_timeout` seconds (the message ends with its log's last lines). Not
@@ -166,16 +171,21 @@ class RedisServer:
     """
 
     def __init__(self, *, maxmemory: int | None = None, password: str | None = None,
-                 unix_socket: bool = False, cluster: bool = False,
+                 unix_socket: bool = False, cluster: bool = False, tls: bool = False,
                  start_timeout: float = 10.0) -> None:
         executable = redis_server_path()
         if executable is None:
             raise DeviceError("redis-server is not on PATH")
+        if tls and cluster:
+            raise ValueError("a TLS cluster node is not supported")
         self._executable = executable
         self._maxmemory = maxmemory
         self._password = password
         self._want_unix_socket = unix_socket
         self._cluster = cluster
+        self._tls = tls
+        self._tls_files: TlsFiles | None = None
+        self._client_tls: ssl.SSLContext | None = None
         self._start_timeout = start_timeout
         self._lease = _Lease(Path(tempfile.mkdtemp(prefix="tierkv-redis-")))
         self._finalizer = weakref.finalize(self, _release, self._lease)
@@ -213,9 +223,14 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """``redis://[:password@]127.0.0.1:PORT/0``."""
+        """``redis://[:password@]127.0.0.1:PORT/0`` (``rediss://`` with `tls`)."""
         auth = "" if self._password is None else f":{quote(self._password, safe='')}@"
-        return f"redis://{auth}{HOST}:{self._port}/0"
+        return f"{'rediss' if self._tls else 'redis'}://{auth}{HOST}:{self._port}/0"
+
+    @property
+    def ca_file(self) -> Path | None:
+        """With `tls`, the CA certificate (PEM) that signed the server's; else ``None``."""
+        return None if self._tls_files is None else self._tls_files.ca_file
 
     @property
     def unix_socket(self) -> str | None:
@@ -238,7 +253,8 @@ class RedisServer:
 
     def command(self, *args: str | bytes | int, timeout: float = 5.0) -> Reply:
         """One command on a connection of its own (see the module-level `command`)."""
-        return command(self._port, *args, password=self._password, timeout=timeout)
+        return command(self._port, *args, password=self._password, timeout=timeout,
+                       tls=self._client_tls)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -298,7 +314,13 @@ class RedisServer:
         raise DeviceError(f"redis-server found no free port in {_PORT_ATTEMPTS} attempts")
 
     def _argv(self) -> list[str]:
-        argv = [self._executable, "--bind", HOST, "--port", str(self._port),
+        tls = self._tls_files
+        # with TLS, the port speaks TLS only (no plain port)
+        ports = ["--port", str(self._port)] if tls is None else [
+            "--port", "0", "--tls-port", str(self._port), "--tls-cert-file", str(tls.cert_file),
+            "--tls-key-file", str(tls.key_file), "--tls-ca-cert-file", str(tls.ca_file),
+            "--tls-auth-clients", "no"]
+        argv = [self._executable, "--bind", HOST, *ports,
                 "--save", "", "--appendonly", "no", "--daemonize", "no",
                 "--dir", str(self._directory)]
         if self._maxmemory is not None:
@@ -318,6 +340,10 @@ class RedisServer:
         """Spawn the server and wait for its PONG; raises `_PortTaken` if it could not bind."""
         self._unix_socket = (str(self._directory / "redis.sock") if self._want_unix_socket
                              else None)
+        if self._tls and (self._tls_files is None or not self._tls_files.ca_file.exists()):
+            # a restart after `stop` has a new directory, and so a new CA
+            self._tls_files = make_certificates(self._directory)
+            self._client_tls = client_context(self._tls_files.ca_file)
         with self.log_path.open("ab") as log:
             # what this process logs starts here: earlier runs' lines are no evidence
             log_offset = log.tell()

@@ -47,8 +47,16 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
     if config.url is not None:
         try:
             client: Redis = redis.asyncio.Redis.from_url(config.url, **options)
+            # the query's parameters are the connections' keyword arguments: one it does not
+            # take (a misspelt ssl_ca_certs) would be a TypeError at the first call, so make
+            # a connection now (it connects on first use)
+            pool: Any = client.connection_pool  # redis-py leaves make_connection untyped
+            pool.make_connection()
         except ValueError as exc:  # redis-py's message quotes the scheme, not the credentials
             raise ConfigError(f"tiers.{config.name}.url: {exc}") from None
+        except (TypeError, redis.exceptions.RedisError) as exc:  # quotes a name, not a password
+            raise ConfigError(f"tiers.{config.name}.url: a query parameter redis-py refuses: "
+                              f"{exc}") from None
         return client
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
