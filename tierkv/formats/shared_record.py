@@ -39,9 +39,17 @@ class SharedRecord:
 def encode_record(key: bytes, meta: ObjectMeta, payload: memoryview, stamp: int
                   ) -> tuple[bytes, int]:
     """The record of `payload` under `key`, stamped `stamp`, and the payload's checksum."""
-    payload_checksum = checksum(payload)
-    header = encode_header(ObjectHeader(key, meta.with_generation(stamp), payload_checksum))
+    header, payload_checksum = encode_record_header(key, meta, payload, stamp)
     return header + payload, payload_checksum
+
+
+def encode_record_header(key: bytes, meta: ObjectMeta, payload: memoryview, stamp: int
+                         ) -> tuple[bytes, int]:
+    """The header of `payload`'s record (what precedes the payload, whose bytes follow it
+    unchanged), and the payload's checksum."""
+    payload_checksum = checksum(payload)
+    return (encode_header(ObjectHeader(key, meta.with_generation(stamp), payload_checksum)),
+            payload_checksum)
 
 
 def decode_record(key: bytes, value: bytes | bytearray | memoryview) -> SharedRecord:

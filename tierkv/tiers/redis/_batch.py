@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tierkv.errors import DeviceError
+from tierkv.tiers.redis._joined import Joined
 
 #: what the tier hands over: a new pipeline, and its bounded call (timeout, pool slot, errors)
 NewPipeline = Callable[[], Any]
@@ -33,7 +34,7 @@ class SetBatcher:
         #: round trips sent, for the tier's stats
         self.round_trips = 0
 
-    def set(self, key: bytes, value: bytes, px: int | None) -> asyncio.Future[None]:
+    def set(self, key: bytes, value: bytes | Joined, px: int | None) -> asyncio.Future[None]:
         """Queue ``SET key value [PX px]``; the future ends when the server answered it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()

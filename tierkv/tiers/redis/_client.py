@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tierkv.config import RedisTierConfig
 from tierkv.errors import ConfigError
+from tierkv.tiers.redis._joined import joining
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -51,6 +52,7 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
             # take (a misspelt ssl_ca_certs) would be a TypeError at the first call, so make
             # a connection now (it connects on first use)
             pool: Any = client.connection_pool  # redis-py leaves make_connection untyped
+            pool.connection_class = joining(pool.connection_class)  # the URL chose the class
             pool.make_connection()
         except ValueError as exc:  # redis-py's message quotes the scheme, not the credentials
             raise ConfigError(f"tiers.{config.name}.url: {exc}") from None
@@ -65,7 +67,13 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
         host, _, port = node.rpartition(":")
         nodes.append(ClusterNode(host.strip("[]"), int(port)))
     # `retry` (no retries) is the cluster client's own retry too
-    return RedisCluster(startup_nodes=nodes, **options)
+    cluster = RedisCluster(startup_nodes=nodes, **options)
+    # the nodes discovered later are built from these arguments, the startup ones already were
+    shared: dict[str, Any] = cluster.nodes_manager.connection_kwargs
+    shared["connection_class"] = joining(shared["connection_class"])
+    for startup in cluster.startup_nodes:
+        startup.connection_class = joining(startup.connection_class)
+    return cluster
 
 
 def hiredis_available() -> bool:

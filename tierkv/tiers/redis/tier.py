@@ -28,12 +28,14 @@ from typing import Any, ClassVar, TypeVar
 
 from tierkv.config import RedisTierConfig, TierKind
 from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
-from tierkv.formats.shared_record import SharedRecord, decode_record, encode_record
+from tierkv.formats.header import checksum
+from tierkv.formats.shared_record import SharedRecord, decode_record, encode_record_header
 from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.redis._batch import SetBatcher
 from tierkv.tiers.redis._client import hiredis_available, import_client, make_client
 from tierkv.tiers.redis._fleet import Fleet
+from tierkv.tiers.redis._joined import record_value
 
 T = TypeVar("T")
 #: bytes the server spends per object beyond the payload: the record header (with the key and
@@ -44,17 +46,29 @@ RECORD_OVERHEAD = 256
 @dataclass(slots=True)
 class _Held:
     """What this engine knows of its copy on the server: the engine's generation, and the
-    record's stamp and payload checksum (a record with others was written by another engine)."""
+    record's stamp and payload checksum (a record with others was written by another engine).
+    For a record this engine wrote, also its meta and the length and checksum of its header:
+    a value whose header and payload checksum as written is that record, byte for byte, and is
+    served without decoding its header again."""
 
     generation: int
     stamp: int
     checksum: int
     footprint: int
+    meta: ObjectMeta | None = None
+    header_length: int = 0
+    header_checksum: int = 0
 
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
+    def written(self, value: bytes) -> tuple[ObjectMeta, memoryview] | None:
+        """`value` as the record this engine wrote, or None (not known, or not that record)."""
+        meta, length = self.meta, self.header_length
+        if meta is None or len(value) != length + meta.nbytes:
+            return None
+        view = memoryview(value)
+        payload = view[length:]
+        if checksum(view[:length]) != self.header_checksum or checksum(payload) != self.checksum:
+            return None
+        return meta, payload
 
 
 class RedisTier(Tier):
@@ -171,23 +185,19 @@ class RedisTier(Tier):
         assert self.fleet is not None
         stamp = self.fleet.cursor
         view = payload_view(payload)
-        record, payload_checksum = encode_record(key, meta, view, stamp)
+        header, payload_checksum = encode_record_header(key, meta, view, stamp)
+        record = record_value(header, payload if type(payload) is bytes else view)
         ttl = self.config.ttl
         assert self._sets is not None
         answered = self._sets.set(self.server_key(key), record,
                                   None if ttl is None else int(ttl * 1000))
         # what was held goes first: a failed or cancelled put may have replaced it on the server
         self._forget(key)
-        try:
-            async with asyncio.timeout(self.config.timeout):
-                await asyncio.shield(answered)
-        except TimeoutError:
-            raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
-                              f"answer a put within {self.config.timeout:g}s") from None
-        finally:
-            if not answered.done():  # given up on: its outcome is retrieved, and dropped
-                answered.add_done_callback(_retrieved)
-        self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint))
+        # bounded by the round trip's own timeout (`_call`: the wait for a connection and the
+        # answer); a caller cancelled here cancels only its future, never the round trip
+        await answered
+        self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint, meta,
+                              len(header), checksum(header)))
         return ()
 
     async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
@@ -220,6 +230,10 @@ class RedisTier(Tier):
         if self._held.get(key) is not held:  # deleted or replaced while we read
             self._counters["misses"] += 1
             return None
+        written = None if value is None else held.written(value)
+        if written is not None:
+            self._counters["hits"] += 1
+            return written
         record = self._decoded(key, value)
         if record is None or (record.stamp, record.checksum) != (held.stamp, held.checksum):
             if record is not None:
