@@ -320,6 +320,29 @@ async def test_a_server_killed_mid_run(fresh_redis_server: RedisServer) -> None:
         assert await b.get(b"K3") is None
 
 
+async def test_an_invalidation_made_while_the_server_is_down_is_published_when_it_returns(
+        fresh_redis_server: RedisServer) -> None:
+    """A invalidates a key B holds while the server is down: B keeps it meanwhile (nothing can
+    tell it), and drops it once the server is back and A's kept invalidation is published
+    (A's health watch tries every second); the server's record of it is deleted too."""
+    server = fresh_redis_server
+    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"K", b"old")
+        await a.settle()
+        assert await b.get(b"K") == b"old"
+        await b.settle()
+        server.kill()
+        assert await a.invalidate(b"K") == 1
+        assert await a.get(b"K") is None
+        assert await b.get(b"K") == b"old"  # B cannot know yet
+        await asyncio.to_thread(server.restart)
+        await eventually(lambda: dropped(b, b"K"), within=10.0)
+        assert await b.get(b"K") is None
+        assert engine_stats(a)["shared_republished"] >= 1
+        assert server.command("EXISTS", server_key(b"K")) == 0
+
+
 async def shares_again(kv: tierkv.Engine, key: bytes, value: bytes) -> None:
     """Put until the copy reaches the server: the first call after a restart may still find
     a connection of the old server (redis-py reconnects on the next)."""

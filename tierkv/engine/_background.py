@@ -7,6 +7,7 @@ engine drains), then the rest once everything is flushed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 from tierkv.config.schema import idle_ttl
 from tierkv.engine._evictor import Evictor
@@ -19,9 +20,12 @@ HEALTH_POLL = 1.0
 
 
 class Background:
-    def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
+    def __init__(self, state: EngineState, executor: MoveExecutor,
+                 ticks: Sequence[Callable[[], None]] = ()) -> None:
         self._st = state
         self._executor = executor
+        #: called by the health watch every second too (no await: each starts its own work)
+        self._ticks = tuple(ticks)
         self.evictors = [Evictor(state, i, executor) for i in range(len(state.tiers))]
         self._evictions: list[asyncio.Task[None]] = []
         self._expiries: list[asyncio.Task[None]] = []
@@ -49,6 +53,8 @@ class Background:
             for guard in self._st.guards:
                 guard.poll()
             self._st.misses.check()
+            for tick in self._ticks:
+                tick()
 
     async def stop_expiry(self) -> None:
         await _cancel(self._expiries)

@@ -20,6 +20,8 @@ be newer). An engine whose unread entries were trimmed from the log drops everyt
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,12 +42,15 @@ Found = tuple[ObjectMeta, Payload]
 #: ancestors one staleness check follows at most (a chain of 64 Ki tokens in 16-token blocks)
 MAX_ANCESTORS = 4096
 _CURSOR = struct.Struct("<Q")
+#: invalidations kept while the server is unreachable, at most (the oldest go beyond)
+MAX_UNPUBLISHED = 100_000
 #: drops a key locally and what derives from it (the engine's invalidation, local only)
 Forget = Callable[[bytes], Awaitable[int]]
 
 
 class Shared:
-    __slots__ = ("_down", "_executor", "_forget", "_st", "index", "tier")
+    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_unpublished",
+                 "index", "tier")
 
     def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
         self._st = state
@@ -57,6 +62,10 @@ class Shared:
         #: the shared tier failed its last call: failures are counted, not logged, until it
         #: answers again
         self._down = False
+        #: keys whose invalidation the server did not take (an ordered set, oldest first),
+        #: published again once it answers (`tick`), and the task doing that
+        self._unpublished: dict[bytes, None] = {}
+        self._republishing: asyncio.Task[None] | None = None
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
@@ -219,8 +228,10 @@ class Shared:
 
     # -- invalidations -----------------------------------------------------------------------
     async def publish(self, keys: Sequence[bytes]) -> None:
-        """Delete `keys` on the server and tell the fleet they are invalid. A server that
-        cannot be reached leaves the invalidation local (logged, counted)."""
+        """Delete `keys` on the server and tell the fleet they are invalid. An invalidation the
+        server does not take (down, slow, its breaker open) is kept and published again once it
+        answers (`tick`, every second), for as long as this engine runs; meanwhile it is local
+        (logged once, counted)."""
         tier, index = self.tier, self.index
         if tier is None or index is None or tier.fleet is None or not keys:
             return
@@ -229,7 +240,37 @@ class Shared:
             await guard.settle(tier.delete_many, keys)
             await guard.settle(tier.fleet.publish, keys)
         except DeviceError as exc:
-            self._failed("an invalidation (it stays local)", exc)
+            self._failed("an invalidation (kept, to publish once it answers)", exc)
+            self._keep_unpublished(keys)
+
+    def _keep_unpublished(self, keys: Sequence[bytes]) -> None:
+        unpublished = self._unpublished
+        for key in keys:
+            unpublished.pop(key, None)  # newest last
+            unpublished[key] = None
+        excess = len(unpublished) - MAX_UNPUBLISHED
+        if excess > 0:
+            for key in list(itertools.islice(unpublished, excess)):
+                del unpublished[key]
+            self._st.counters.shared_unpublished_dropped += excess
+            log.warning("the shared tier has been unreachable for %d invalidations: the %d "
+                        "oldest will not be published", MAX_UNPUBLISHED + excess, excess)
+
+    @property
+    def unpublished(self) -> int:
+        """Invalidations the server has not taken yet (kept to publish again)."""
+        return len(self._unpublished)
+
+    def tick(self) -> None:
+        """Publish the kept invalidations again, in the background (the health watch calls it
+        every second; one attempt at a time, none while the tier's breaker is open)."""
+        if (not self._unpublished or self.index is None
+                or (self._republishing is not None and not self._republishing.done())
+                or not self._st.scheduler.usable[self.index] or self._st.closing):
+            return
+        keys, self._unpublished = list(self._unpublished), {}
+        self._st.counters.shared_republished += len(keys)
+        self._republishing = self._st.spawn(self.publish(keys))
 
     async def _remote(self, keys: list[bytes]) -> None:
         assert self._forget is not None

@@ -96,7 +96,7 @@ class Engine:
         self._invalidations = Invalidations(st, self._writes, self._shared)
         st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
-        self._background = Background(st, self._executor)
+        self._background = Background(st, self._executor, ticks=(self._shared.tick,))
         self._background.evictors[0].protect_pins(self._pins.counts)
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)

@@ -69,6 +69,10 @@ class EngineCounters:
     shared_stale: int = 0
     shared_busy: int = 0
     remote_invalidated: int = 0
+    #: invalidations published again once the server answered (keys), and those dropped
+    #: unpublished because too many were kept while it was unreachable
+    shared_republished: int = 0
+    shared_unpublished_dropped: int = 0
     #: circuit breakers: state changes ("tier:state" → count), and calls not made into a tier
     #: whose breaker was open (the caller read elsewhere or wrote to the next tier)
     breaker_transitions: Counter[str] = field(default_factory=Counter)

@@ -71,7 +71,7 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
     # the nodes discovered later are built from these arguments, the startup ones already were
     shared: dict[str, Any] = cluster.nodes_manager.connection_kwargs
     shared["connection_class"] = joining(shared["connection_class"])
-    for startup in cluster.startup_nodes:
+    for startup in cluster.nodes_manager.startup_nodes.values():  # redis-py 5 to 8 alike
         startup.connection_class = joining(startup.connection_class)
     return cluster
 
