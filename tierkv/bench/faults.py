@@ -2,14 +2,9 @@
 through the hierarchy while the faults of `SPEC` fire, with cancellations and reopen cycles,
 and every answer is checked against a log of what was acknowledged.
 
-Hierarchy: the config's tiers, resized so that the soak's key space spills through all of them
-(as the trace replay resizes them): a gpu tier of 16 KiB slots holding an eighth of the working
-set; a pmem pool of 8 MiB kept 85-90 % free (its watermarks) where an nvme log follows, so
-that demotion keeps the log busy; an nvme log of 1 MiB regions with room for everything an
-epoch writes (a region reclaim drops live entries: a loss that is the cache's, not a fault's);
-a redis tier as configured, under a key prefix of the epoch's own. Persistent tiers get fresh
-media in scratch directories beside their configured paths, deleted at the end. `[health]` is
-the config's, its cool-down capped at `COOLDOWN_CAP` so that breakers cycle within minutes.
+Hierarchy: the config's tiers, resized so that the soak's key space spills through all of them,
+the persistent ones on fresh media deleted at the end, the breakers' cool-down capped so that
+they cycle within minutes (the sizes: `tierkv.bench.faults_hierarchy`).
 
 Workload: `clients` tasks, each the only writer of its keys, so the log knows what each key may
 hold; each operation is a put (of a new version), a delete, a get, a get_many of four keys, or a
@@ -47,187 +42,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import math
 import random
-import shutil
-import struct
-import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Awaitable, Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from tierkv.bench.common import Progress, Row, no_progress
-from tierkv.config import (
-    MIN_PMEM_POOL,
-    NVME_SUPERBLOCK,
-    Config,
-    GpuTierConfig,
-    NvmeTierConfig,
-    PmemTierConfig,
-    RedisTierConfig,
-    TierConfig,
-    WritePolicy,
-)
+from tierkv.bench.faults_hierarchy import COOLDOWN_CAP, REGION, SLOT, soak_hierarchy
+from tierkv.bench.faults_keylog import MIN_VALUE, _check, _KeyLog, _Run, decode, encode
+from tierkv.config import Config, NvmeTierConfig, PmemTierConfig, WritePolicy
 from tierkv.errors import ConfigError, TierKVError
 from tierkv.testing.faults import FaultPlan, open_with_faults
+
+__all__ = [
+    "COOLDOWN_CAP",
+    "CORRUPTION_COUNTERS",
+    "EPOCH_FREE",
+    "KEYS_PER_CLIENT",
+    "MIN_VALUE",
+    "REGION",
+    "ROUND",
+    "SLOT",
+    "STUCK",
+    "decode",
+    "encode",
+    "run_fault_soak",
+    "soak_hierarchy",
+]
 
 T = TypeVar("T")
 
 #: keys each client owns
 KEYS_PER_CLIENT = 64
-MIN_VALUE = 64
-SLOT = 16 << 10
-REGION = 1 << 20
-#: the longest cool-down a soak runs with (seconds)
-COOLDOWN_CAP = 5.0
 #: an epoch ends once fewer than this share of the nvme log's regions are free
 EPOCH_FREE = 0.5
 #: operations between two reopens, by default
 ROUND = 2000
 #: seconds after which a call counts as stuck and is cancelled
 STUCK = 30.0
-#: the prefix of a value: its version and a digest of its key
-_HEADER = struct.Struct("<QQ")
-
-
-def _digest(key: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-
-
-def encode(key: bytes, version: int, size: int) -> bytes:
-    """The value of `key` at `version`: `size` bytes that say which they are."""
-    body = hashlib.shake_128(b"%s/%d/%d" % (key, version, size)).digest(size - _HEADER.size)
-    return _HEADER.pack(version, _digest(key)) + body
-
-
-def decode(key: bytes, data: bytes) -> int | None:
-    """The version of `key` that `data` is, or None: not a value of `key` (corrupt)."""
-    if len(data) < MIN_VALUE:
-        return None
-    version, digest = _HEADER.unpack_from(data)
-    if digest != _digest(key) or data != encode(key, version, len(data)):
-        return None
-    return int(version)
-
-
-@dataclass(slots=True)
-class _KeyLog:
-    """What one key may hold now, what a reopen may bring back, and whether its value is
-    durable."""
-
-    name: bytes
-    #: the versions a get may return now (a miss is always allowed)
-    now: set[int] = field(default_factory=set)
-    #: the versions a reopen may bring back: those it might hold at the last close that
-    #: returned, and every version put since
-    recoverable: set[int] = field(default_factory=set)
-    #: the last attempt was a put that returned
-    acked: bool = False
-    #: its value must survive: a write-through put returned, or the engine served it just
-    #: before the epoch's last close (write-back: a put that returned may still be lost to a
-    #: failing device until a flush or close covers it, and a flushed object leaves the media
-    #: again when a promotion out of the pool moves it up)
-    durable: bool = False
-    #: a reopen happened since the last attempt
-    reopened: bool = False
-
-    def attempted(self, version: int, *, acked: bool, cancelled: bool, durable: bool) -> None:
-        """A put of `version` (0: a delete) ended: returned (`acked` for a put; `durable`:
-        under write-through), failed (the key holds the new value or none), or was cancelled (it
-        may not have started: the old value may stay, as `tests/engine/test_cancellation.py`
-        models it)."""
-        if self.reopened:
-            self.now = set(self.recoverable)
-        new = {version} if version else set()
-        self.now = self.now | new if cancelled else new
-        self.recoverable |= new
-        self.acked, self.durable, self.reopened = acked, acked and durable, False
-
-    def closed(self) -> None:
-        """A close returned: what the key may hold is all a reopen may bring back."""
-        if self.reopened:
-            self.now = set(self.recoverable)
-            self.reopened = False
-        self.recoverable = set(self.now)
-
-    def allowed(self) -> set[int]:
-        return self.recoverable if self.reopened else self.now
-
-
-@dataclass
-class _Run:
-    plan: FaultPlan
-    operations: int
-    clients: int
-    size: int
-    rounds: int
-    working_set: int
-    log_bytes: int
-    #: whether a close makes anything durable (the hierarchy has a persistent tier)
-    persistent: bool
-    #: whether a put that returned is durable already
-    write_through: bool
-    progress: Progress
-    counts: Counter[str] = field(default_factory=Counter)
-    transitions: Counter[str] = field(default_factory=Counter)
-    #: corruption the tiers caught (checksums failed)
-    detected: int = 0
-    version: int = 0
-    left: int = 0
-
-    def next_version(self) -> int:
-        self.version += 1
-        return self.version
-
-
-@contextlib.contextmanager
-def soak_hierarchy(config: Config, working_set: int, log_bytes: int, prefix: str
-                   ) -> Iterator[Config]:
-    """`config` resized for a soak (see the module), its persistent tiers on fresh media in
-    scratch directories deleted on exit, its redis tier's keys under `prefix`."""
-    scratch: list[Path] = []
-    try:
-        tiers: list[TierConfig] = []
-        for index, tier in enumerate(config.tiers):
-            below = any(isinstance(t, NvmeTierConfig) for t in config.tiers[index + 1:])
-            if isinstance(tier, GpuTierConfig):
-                slot = min(tier.slot_size, SLOT)
-                capacity = max(slot, working_set // 8 // slot * slot)
-                tiers.append(replace(tier, capacity=capacity, slot_size=slot))
-            elif isinstance(tier, RedisTierConfig):
-                tiers.append(replace(tier, key_prefix=f"{tier.key_prefix}{prefix}:"))
-            elif isinstance(tier, PmemTierConfig):
-                scratch.append(directory := _scratch_dir(tier))
-                if below:
-                    pool = replace(tier, capacity=MIN_PMEM_POOL, free_low=0.85, free_high=0.9)
-                else:  # the last local tier: room for all, nothing evicted
-                    pool = replace(tier, capacity=max(MIN_PMEM_POOL, 4 * working_set))
-                tiers.append(replace(pool, path=directory / tier.path.name, format=True))
-            else:
-                assert isinstance(tier, NvmeTierConfig)
-                scratch.append(directory := _scratch_dir(tier))
-                regions = max(16, math.ceil(log_bytes / REGION))
-                tiers.append(replace(tier, path=directory / tier.path.name, format=True,
-                                     capacity=NVME_SUPERBLOCK + regions * REGION,
-                                     region_size=REGION))
-        health = replace(config.health, cooldown=min(config.health.cooldown, COOLDOWN_CAP))
-        yield replace(config, tiers=tuple(tiers), health=health)
-    finally:
-        for directory in scratch:
-            shutil.rmtree(directory, ignore_errors=True)
-
-
-def _scratch_dir(tier: PmemTierConfig | NvmeTierConfig) -> Path:
-    try:
-        return Path(tempfile.mkdtemp(prefix="tierkv-soak-", dir=tier.path.parent))
-    except OSError as exc:
-        raise ConfigError(f"{tier.name}.path: cannot make a scratch directory for the soak in "
-                          f"{tier.path.parent}: {exc.strerror or exc}") from None
 
 
 async def _within(call: Awaitable[T], run: _Run, cut: float | None = None) -> T:
@@ -240,26 +94,6 @@ async def _within(call: Awaitable[T], run: _Run, cut: float | None = None) -> T:
         if time.monotonic() - started >= STUCK:
             run.counts["stuck"] += 1
         raise
-
-
-def _check(run: _Run, log: _KeyLog, got: object, *, final: bool = False) -> int | None:
-    """Count what a get of `log`'s key answered; the version it served if that was right."""
-    counts = run.counts
-    counts["gets_checked"] += 1
-    if got is None:
-        counts["misses"] += 1
-        if final and log.durable:
-            counts["lost"] += 1
-        return None
-    version = decode(log.name, bytes(got)) if isinstance(got, bytes) else None
-    if version is None:
-        counts["served_corrupt"] += 1
-    elif version not in log.allowed():
-        counts["served_stale_after_reopen" if log.reopened else "served_stale"] += 1
-    else:
-        counts["hits"] += 1
-        return version
-    return None
 
 
 async def _held(kv: Any, run: _Run, logs: list[_KeyLog]) -> None:

@@ -34,320 +34,77 @@ afterwards. Run the full bench with ``python -m tierkv.bench.nvme DIRECTORY`` (`
 the short one); ``--seq-pairs N`` runs only `seq_write_pairs` (N sequential-fill pairs).
 """
 
+
 from __future__ import annotations
 
 import argparse
 import asyncio
 import dataclasses
 import functools
-import gc
 import json
 import os
-import random
 import shutil
 import statistics
-import subprocess
 import sys
-import time
-import tracemalloc
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiofiles
-
 from tierkv._units import parse_duration
 from tierkv.bench.common import Progress, Row, no_progress
-from tierkv.config import NvmeBackend, NvmeTierConfig
+from tierkv.bench.nvme_baselines import _FIO_NAME, FioJob, _fio, _fio_fill
+from tierkv.bench.nvme_pairs import (
+    _bytes_pair,
+    _FilesPair,
+    _median_pair,
+    _Pair,
+    _pair_row,
+    _Round,
+    _round,
+    _with_files,
+)
+from tierkv.bench.nvme_tier_runs import (
+    _FULL,
+    _QUICK,
+    INDEX_ENTRIES,
+    QUEUE_DEPTH,
+    GiB,
+    KiB,
+    MiB,
+    _fill_count,
+    _Plan,
+    _tier_run,
+    index_bytes_per_entry,
+)
 from tierkv.errors import ConfigError
-from tierkv.formats.value import ObjectMeta, ValueKind
 
-QUEUE_DEPTH = 32
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-INDEX_ENTRIES = 1_000_000
-_FIO_NAME = "fio io_uring O_DIRECT"
-#: one fio job, run in an executor thread; its figures ("bytes_per_s", "iops")
-FioJob = Callable[[], dict[str, float]]
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    file_size: int
-    region_size: int
-    fio_seconds: int
-    files_cap: int
-    pairs: int
-    #: the tier's `sq_poll` (io_uring submission-queue polling); None: off, the default
-    sq_poll: float | None = None
-
-
-_QUICK = _Plan(file_size=256 * MiB, region_size=32 * MiB, fio_seconds=1, files_cap=2048, pairs=3)
-_FULL = _Plan(file_size=3 * GiB // 2, region_size=64 * MiB, fio_seconds=4, files_cap=16384,
-              pairs=5)
-
-
-# -- fio -----------------------------------------------------------------------------------------
-def _fio(path: Path, rw: str, bs: int, size: int, seconds: int) -> dict[str, float]:
-    """fio for `seconds` over the first `size` bytes of `path` (no fsync)."""
-    return _fio_job(path, rw, bs, [f"--size={size}", f"--runtime={seconds}", "--time_based"])
+#: the bench's entry points, and the parts its tests drive one by one (`_round`, `_pair_row`, ...)
+__all__ = [
+    "INDEX_ENTRIES",
+    "QUEUE_DEPTH",
+    "FioJob",
+    "GiB",
+    "KiB",
+    "MiB",
+    "_Pair",
+    "_Plan",
+    "_Round",
+    "_fill_count",
+    "_fio",
+    "_fio_fill",
+    "_median_pair",
+    "_pair_row",
+    "_round",
+    "_tier_run",
+    "_with_files",
+    "index_bytes_per_entry",
+    "nvme_rows",
+    "render_nvme_report",
+    "run_nvme_bench",
+    "seq_write_pairs",
+]
 
 
-def _fio_fill(path: Path, nbytes: int, rw: str = "write") -> dict[str, float]:
-    """fio writing `nbytes` once in 1 MiB blocks (`rw`: in order, or "randwrite": each block
-    once in random order), then fsync, like a tier fill.
-
-    ``--end_fsync=1`` is counted in fio's runtime (as the tier's closing `flush()` is in its).
-    """
-    return _fio_job(path, rw, MiB, [f"--size={nbytes}", "--end_fsync=1"])
-
-
-def _fio_job(path: Path, rw: str, bs: int, extra: list[str]) -> dict[str, float]:
-    cmd = [
-        "fio", "--name=tierkv", f"--filename={path}", "--ioengine=io_uring", "--direct=1",
-        f"--rw={rw}", f"--bs={bs}", f"--iodepth={QUEUE_DEPTH}", *extra, "--group_reporting",
-        "--output-format=json",
-    ]
-    out = subprocess.run(cmd, capture_output=True, check=True, text=True).stdout
-    job = json.loads(out[out.index("{"):])["jobs"][0]
-    side = job["write" if "write" in rw else "read"]
-    return {"bytes_per_s": float(side["bw_bytes"]), "iops": float(side["iops"])}
-
-
-# -- the tier ------------------------------------------------------------------------------------
-def _meta(size: int) -> ObjectMeta:
-    return ObjectMeta(ValueKind.BYTES, "", (), size, 1)
-
-
-def _key(i: int) -> bytes:
-    return b"\x02bench-" + i.to_bytes(8, "little")
-
-
-async def _drive(count: int, op: Callable[[int], Awaitable[None]], order: Sequence[int]) -> float:
-    """Run `op` over `order` with QUEUE_DEPTH tasks; seconds taken."""
-    position = 0
-
-    async def worker() -> None:
-        nonlocal position
-        while position < count:
-            i = order[position]
-            position += 1
-            await op(i)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(QUEUE_DEPTH)))
-    return time.perf_counter() - start
-
-
-def _tier_config(path: Path, plan: _Plan) -> NvmeTierConfig:
-    return NvmeTierConfig(name="bench", capacity=plan.file_size, path=path,
-                          region_size=plan.region_size, queue_depth=QUEUE_DEPTH,
-                          backend=NvmeBackend.AUTO, reinsert_hits=0, format=True,
-                          sq_poll=plan.sq_poll)
-
-
-def _fill_count(path: Path, size: int, plan: _Plan) -> int:
-    """How many objects of `size` bytes a tier run puts: 85 % of the capacity."""
-    from tierkv.tiers.nvme.tier import NvmeTier
-
-    tier = NvmeTier(_tier_config(path, plan))  # never opened: geometry only
-    return int(tier.capacity * 0.85) // tier.footprint(size)
-
-
-async def _tier_run(path: Path, size: int, plan: _Plan, *, random_order: bool,
-                    reads: bool) -> dict[str, float]:
-    from tierkv.tiers.nvme.tier import NvmeTier
-
-    tier = NvmeTier(_tier_config(path, plan))
-    await tier.open()
-    try:
-        count = int(tier.capacity * 0.85) // tier.footprint(size)
-        payload = memoryview(os.urandom(size))
-        meta = _meta(size)
-        order = list(range(count))
-        if random_order:
-            random.Random(7).shuffle(order)
-
-        async def put(i: int) -> None:
-            assert not await tier.put(_key(i), meta, payload)
-
-        write_s = await _drive(count, put, order)
-        start = time.perf_counter()
-        await tier.flush()
-        write_s += time.perf_counter() - start
-        result = {"write_bytes_per_s": count * size / write_s, "objects": float(count),
-                  "backend_io_uring": float(tier.stats()["backend"] == "io_uring")}
-        if reads:
-            async def get(i: int) -> None:
-                assert await tier.get(_key(i)) is not None
-
-            # random reads must not replay the write order, which is sequential on the log
-            read_order = list(range(count))
-            if random_order:
-                random.Random(11).shuffle(read_order)
-            read_s = await _drive(count, get, read_order)
-            result["read_bytes_per_s"] = count * size / read_s
-            result["read_iops"] = count / read_s
-        return result
-    finally:
-        await tier.close()
-
-
-# -- one file per object -------------------------------------------------------------------------
-async def _files_run(directory: Path, size: int, count: int) -> dict[str, float]:
-    os.makedirs(directory, exist_ok=True)
-    payload = os.urandom(size)
-    names = [directory / f"{i:08d}.blk" for i in range(count)]
-
-    async def write(i: int) -> None:
-        async with aiofiles.open(names[i], "wb") as f:
-            await f.write(payload)
-
-    order = list(range(count))
-    write_s = await _drive(count, write, order)
-    start = time.perf_counter()
-    await asyncio.get_running_loop().run_in_executor(None, os.sync)
-    write_s += time.perf_counter() - start
-    for name in names:  # cold reads: drop each file's pages from the page cache
-        fd = os.open(name, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-    async def read(i: int) -> None:
-        async with aiofiles.open(names[i], "rb") as f:
-            data = await f.read()
-        assert len(data) == size
-
-    random.Random(9).shuffle(order)
-    read_s = await _drive(count, read, order)
-    shutil.rmtree(directory)
-    return {"write_bytes_per_s": count * size / write_s, "read_bytes_per_s": count * size / read_s,
-            "read_iops": count / read_s, "objects": float(count)}
-
-
-# -- index memory --------------------------------------------------------------------------------
-def index_bytes_per_entry(entries: int = INDEX_ENTRIES, *, traced: bool = True) -> float:
-    """Bytes per entry of an `NvmeIndex` holding `entries` 33-byte keys.
-
-    ``traced``: tracemalloc growth over building it (every allocation the index makes, keys
-    included; ~40 s for 1 M entries, as tracemalloc slows each int allocation). Otherwise
-    `NvmeIndex.memory_bytes()` (sys.getsizeof of its containers; a second).
-    """
-    from tierkv.tiers.nvme._index import NvmeIndex
-
-    meta = _meta(4096)
-    gc.collect()
-    if traced:
-        tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        index = NvmeIndex(4096)
-        for i in range(entries):
-            key = b"\x01" + i.to_bytes(16, "little") + b"\x00" * 16
-            index.put(key, region=i % 1000, offset=(i % 8000) * 8192, length=8192, meta=meta)
-        after = tracemalloc.get_traced_memory()[0]
-    finally:
-        if traced:
-            tracemalloc.stop()
-    assert len(index) == entries
-    return (after - before if traced else index.memory_bytes()) / entries
-
-
-# -- pairs ---------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class _Pair:
-    """One tier figure beside the fio figure measured next to it (`fio_first`: fio ran first)."""
-
-    tier: float
-    fio: float
-    fio_first: bool
-
-    @property
-    def ratio(self) -> float:
-        return self.tier / self.fio
-
-
-def _median_pair(pairs: Sequence[_Pair]) -> int:
-    """Run-order index of the pair whose ratio is the median (the lower middle one if even)."""
-    ranked = sorted(range(len(pairs)), key=lambda n: pairs[n].ratio)
-    return ranked[(len(pairs) - 1) // 2]
-
-
-def _pair_row(case: str, unit: str, pairs: Sequence[_Pair], target: float | None,
-              baseline: str = _FIO_NAME) -> tuple[Row, dict[str, Any]]:
-    """The row of the median pair (its tier and baseline figures), and the JSON of all the
-    pairs (the baseline's figures under "fio", whatever it is: `baseline` names it)."""
-    middle = pairs[_median_pair(pairs)]
-    ratios = [pair.ratio for pair in pairs]
-    low, high = min(ratios), max(ratios)
-    row = Row(f"{case} (median of {len(pairs)} pairs, {low:.2f}\u2013{high:.2f})", unit,
-              middle.tier, middle.fio, baseline, target)
-    detail = {"case": case, "baseline": baseline, "pairs": len(pairs),
-              "median_pair": _median_pair(pairs),
-              "median_ratio": middle.ratio, "min_ratio": low, "max_ratio": high,
-              "ratios": ratios, "tier": [pair.tier for pair in pairs],
-              "fio": [pair.fio for pair in pairs],
-              "fio_first": [pair.fio_first for pair in pairs]}
-    return row, detail
-
-
-@dataclass(frozen=True, slots=True)
-class _Round:
-    """One tier run (fill, then reads) with the fio jobs measured beside it."""
-
-    tier: dict[str, float]
-    fio_write: dict[str, float] | None
-    fio_read: dict[str, float]
-    #: whether fio ran before the tier's writes / before the tier's reads
-    write_fio_first: bool
-    read_fio_first: bool
-
-
-async def _round(n: int, tier: Callable[[], Awaitable[dict[str, float]]],
-                 fio_read: FioJob, fio_write: FioJob | None = None) -> _Round:
-    """Round `n`: the fio jobs flank the tier run, each next to the tier phase it is set against.
-
-    Even rounds run fio write, tier (write, read), fio read: fio first for writes, the tier first
-    for reads. Odd rounds run the mirror image, so over the rounds each case alternates which
-    side goes first and drift in the host's cache favours neither.
-    """
-    loop = asyncio.get_running_loop()
-    first, last = (fio_write, fio_read) if n % 2 == 0 else (fio_read, fio_write)
-    before = await loop.run_in_executor(None, first) if first is not None else None
-    tier_result = await tier()
-    after = await loop.run_in_executor(None, last) if last is not None else None
-    write, read = (before, after) if n % 2 == 0 else (after, before)
-    assert read is not None
-    return _Round(tier_result, write, read, write_fio_first=n % 2 == 0,
-                  read_fio_first=n % 2 == 1)
-
-
-@dataclass(frozen=True, slots=True)
-class _FilesPair:
-    """A round and the one-file-per-object run made next to its tier run."""
-
-    round: _Round
-    files: dict[str, float]
-    files_first: bool
-
-    def bytes_pair(self, side: str) -> _Pair:
-        """MB/s of the tier and of the files for `side` ("write" or "read")."""
-        key = f"{side}_bytes_per_s"
-        return _Pair(self.round.tier[key] / 1e6, self.files[key] / 1e6, self.files_first)
-
-
-async def _with_files(n: int, round_run: Awaitable[_Round], directory: Path, size: int,
-                      count: int) -> _FilesPair:
-    """Round `n` and a one-file-per-object run of `count` objects in `directory`: after the
-    round in even rounds, before it in odd ones, so neither side is always first."""
-    if n % 2:
-        files = await _files_run(directory, size, count)
-        return _FilesPair(await round_run, files, files_first=True)
-    done = await round_run
-    return _FilesPair(done, await _files_run(directory, size, count), files_first=False)
-
-
-# -- the run -------------------------------------------------------------------------------------
 async def run_nvme_bench(directory: Path, *, quick: bool = False,
                          progress: Progress = no_progress, pairs: int | None = None,
                          sq_poll: float | None = None) -> dict[str, Any]:
@@ -473,16 +230,6 @@ async def run_nvme_bench(directory: Path, *, quick: bool = False,
                    "queue_depth": QUEUE_DEPTH, "fio_seconds": plan.fio_seconds,
                    "pairs": k, "directory": str(directory), "sq_poll": plan.sq_poll},
     }
-
-
-def _bytes_pair(r: _Round, side: str) -> _Pair:
-    """The MB/s pair of round `r` for `side` ("write" or "read")."""
-    if side == "write":
-        assert r.fio_write is not None
-        return _Pair(r.tier["write_bytes_per_s"] / 1e6, r.fio_write["bytes_per_s"] / 1e6,
-                     r.write_fio_first)
-    return _Pair(r.tier["read_bytes_per_s"] / 1e6, r.fio_read["bytes_per_s"] / 1e6,
-                 r.read_fio_first)
 
 
 async def seq_write_pairs(directory: Path, pairs: int, *, quick: bool = False

@@ -1,50 +1,42 @@
-"""Real Redis servers for tests and benchmarks, started as subprocesses and stopped by pid.
+"""One real ``redis-server`` process for a test (`RedisServer`), and where the redis binaries
+are (`redis_server_path`, `redis_cli_path`, `redis_missing`).
 
-`RedisServer` is one ``redis-server`` on 127.0.0.1 at a free port, persistence off, in a
-directory of its own that `stop` removes; `kill` and `restart` (on the same port, so clients
-reconnect) are there for fault tests. `RedisClusterServers` is three such servers joined into a
-cluster of three masters by ``redis-cli --cluster create``. Both are context managers and both
-start in the constructor, as `subprocess.Popen` does: an instance is a running server.
-
-The methods block (they wait for a process to answer or to exit): call them outside the event
-loop, or through `asyncio.to_thread` where a loop must keep running meanwhile.
+Apart from the cluster (`_cluster`), which is three of these joined, and from the RESP client
+(`_resp`) and the lease (`_lease`) it uses: this module is the process's life, from spawning it
+and waiting for its PONG to signalling and reaping it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
 import time
-import warnings
 import weakref
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import BinaryIO, TypeAlias
 from urllib.parse import quote
 
 from tierkv.errors import DeviceError
-from tierkv.testing.redis_tls import TlsFiles, client_context, make_certificates, wrap
+from tierkv.testing.redis_server._lease import (
+    _free_ports,
+    _Lease,
+    _PortTaken,
+    _release,
+    _release_quietly,
+)
+from tierkv.testing.redis_server._resp import HOST, Reply, command
+from tierkv.testing.redis_tls import TlsFiles, client_context, make_certificates
 
 logger = logging.getLogger(__name__)
-
-#: a RESP2 reply: simple and bulk strings as bytes, integers, nil, arrays (error replies raise)
-Reply: TypeAlias = "bytes | int | list[Reply] | None"
-
-HOST = "127.0.0.1"
 
 #: tries at a fresh port when another process takes the probed one before the server binds it
 _PORT_ATTEMPTS = 5
 #: how long the server's readiness checks sleep between tries (the server starts in ~10 ms)
 _READY_INTERVAL = 0.01
-#: how often the cluster's state is read while the nodes gossip their way to ``ok``
-_CLUSTER_INTERVAL = 0.05
 _LOG_TAIL_LINES = 20
 
 
@@ -66,91 +58,6 @@ def redis_missing() -> str | None:
         return (f"{' and '.join(absent)} not on PATH (Debian's redis-server package provides "
                 "both; scripts/setup installs it)")
     return None
-
-
-def command(port: int, *args: str | bytes | int, password: str | None = None,
-            timeout: float = 5.0, tls: ssl.SSLContext | None = None) -> Reply:
-    """Send one command to the server at 127.0.0.1:`port` over a connection of its own
-    (``AUTH`` first when `password` is given; over TLS with `tls`) and return its reply.
-
-    Raises `OSError` when no connection can be made or it breaks (`ssl.SSLError`, one, when the
-    TLS handshake fails), `DeviceError` on an error reply.
-    """
-    with wrap(socket.create_connection((HOST, port), timeout=timeout), tls, HOST) as sock, \
-            sock.makefile("rb") as stream:
-        if password is not None:
-            sock.sendall(_encode(("AUTH", password)))
-            _read_reply(stream)
-        sock.sendall(_encode(args))
-        return _read_reply(stream)
-
-
-def _encode(args: Sequence[str | bytes | int]) -> bytes:
-    parts = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        data = arg if isinstance(arg, bytes) else str(arg).encode()
-        parts += [b"$%d\r\n" % len(data), data, b"\r\n"]
-    return b"".join(parts)
-
-
-def _read_reply(stream: BinaryIO) -> Reply:
-    line = stream.readline()
-    if not line.endswith(b"\r\n"):
-        raise ConnectionResetError("the redis server closed the connection mid-reply")
-    kind, rest = line[:1], line[1:-2]
-    if kind == b"+":
-        return rest
-    if kind == b"-":
-        raise DeviceError(f"redis replied with an error: {rest.decode(errors='replace')}")
-    if kind == b":":
-        return int(rest)
-    if kind == b"$":
-        length = int(rest)
-        if length < 0:
-            return None
-        data = stream.read(length + 2)
-        if len(data) != length + 2:
-            raise ConnectionResetError("the redis server closed the connection mid-reply")
-        return data[:-2]
-    if kind == b"*":
-        count = int(rest)
-        return None if count < 0 else [_read_reply(stream) for _ in range(count)]
-    raise DeviceError(f"not a RESP2 reply: {line!r}")
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports that nothing listened on a moment ago (all probes bound at once)."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                  for _ in range(count)]
-        for probe in probes:
-            probe.bind((HOST, 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-
-
-class _PortTaken(Exception):
-    """The server exited because another process holds its port."""
-
-
-class _Lease:
-    """What a `RedisServer` holds: its process and directory (the finalizer's view of it)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory: Path | None = directory
-        self.process: subprocess.Popen[bytes] | None = None
-
-
-def _release(lease: _Lease) -> None:
-    """Finalizer of a `RedisServer` never stopped: kill its process, remove its directory."""
-    if lease.process is not None and lease.process.poll() is None:
-        warnings.warn(f"redis-server pid {lease.process.pid} was never stopped; killing it",
-                      ResourceWarning, stacklevel=1)
-        lease.process.kill()
-        lease.process.wait()
-    lease.process = None
-    if lease.directory is not None:
-        shutil.rmtree(lease.directory, ignore_errors=True)
-        lease.directory = None
 
 
 class RedisServer:
@@ -425,83 +332,3 @@ class RedisServer:
         except OSError as exc:
             return f"(no log: {exc})"
         return "\n".join(lines[-_LOG_TAIL_LINES:])
-
-
-def _release_quietly(lease: _Lease) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        _release(lease)
-
-
-class RedisClusterServers:
-    """Three `RedisServer` cluster nodes joined into one cluster of three masters (no replicas)
-    by ``redis-cli --cluster create``, ready once the constructor returns: every node reports
-    ``cluster_state:ok``.
-
-    Raises `DeviceError` when ``redis-cli`` is not on PATH, a node does not start, the join
-    fails or the cluster is not ``ok`` within `start_timeout` seconds; the nodes started so far
-    are stopped first.
-    """
-
-    def __init__(self, *, maxmemory: int | None = None, start_timeout: float = 30.0) -> None:
-        cli = redis_cli_path()
-        if cli is None:
-            raise DeviceError("redis-cli is not on PATH")
-        self._servers: list[RedisServer] = []
-        try:
-            for _ in range(3):
-                self._servers.append(RedisServer(maxmemory=maxmemory, cluster=True))
-            self._join(cli, start_timeout)
-        except BaseException:
-            self.stop()
-            raise
-
-    @property
-    def servers(self) -> tuple[RedisServer, ...]:
-        return tuple(self._servers)
-
-    @property
-    def nodes(self) -> list[str]:
-        """``127.0.0.1:PORT`` of each master."""
-        return [server.address for server in self._servers]
-
-    def stop(self) -> None:
-        """Stop every node (see `RedisServer.stop`), all of them signalled before any is waited
-        for: each takes up to a tenth of a second to act on SIGTERM."""
-        for server in self._servers:
-            server._signal(signal.SIGTERM)
-        for server in self._servers:
-            server._finish(10.0)
-
-    def __enter__(self) -> RedisClusterServers:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"<RedisClusterServers {' '.join(self.nodes)}>"
-
-    def _join(self, cli: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        argv = [cli, "--cluster", "create", *self.nodes,
-                "--cluster-replicas", "0", "--cluster-yes"]
-        try:
-            created = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                                     text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise DeviceError(f"redis-cli --cluster create took over {timeout} s") from exc
-        if created.returncode != 0:
-            raise DeviceError(f"redis-cli --cluster create failed ({created.returncode}):\n"
-                              f"{created.stdout}{created.stderr}")
-        # the nodes learn of each other's slots by gossip: nothing to wait on but the state
-        for server in self._servers:
-            while True:
-                info = server.command("CLUSTER", "INFO")
-                if isinstance(info, bytes) and b"cluster_state:ok" in info:
-                    break
-                if time.monotonic() >= deadline:
-                    raise DeviceError(f"cluster node {server.address} not ok within "
-                                      f"{timeout} s:\n{info!r}")
-                time.sleep(_CLUSTER_INTERVAL)
