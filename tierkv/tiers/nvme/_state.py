@@ -3,7 +3,8 @@
 `NvmeTier` is built from layers, each an object in its own module that holds this state and the
 layers below it: the write-behind of region buffers (`_writes`); on top of that the append
 log with region reclaim (`_log`) and, apart from it, checkpoints (`_checkpoint`) under
-open-time recovery (`_recovery`). The state is created once by `NvmeTier.__init__` and
+open-time recovery (`_recovery`); the flush barrier and the close (`_flush`) hold the writes,
+the log and the checkpoints. The state is created once by `NvmeTier.__init__` and
 shared by reference, so every layer sees the same regions, index, head, lock and counters; see
 `tierkv.tiers.nvme.tier` for the contract. Helpers here touch nothing but the state.
 """

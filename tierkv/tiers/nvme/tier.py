@@ -97,7 +97,10 @@ bookkeeping). The layers are objects that hold that state and the layers below t
 once by `NvmeTier.__init__`: `RegionWrites` (`_writes`, write-behind) holds the state;
 `RegionLog` (`_log`, the append log and region reclaim) and `CheckpointIO`
 (`_checkpoint`) hold it and the writes; `NvmeRecovery` (`_recovery`, open-time
-recovery) holds it and the checkpoints. The tier holds all of them and delegates.
+recovery) holds it and the checkpoints; `LogFlush` (`_flush`, the flush barrier and close's
+flush, checkpoint and release) holds it, the writes, the log and the checkpoints. The tier holds
+all of them and delegates; what it reports (`stats`, `describe`, `probe`) is read from the
+state by `_introspection`.
 """
 
 from __future__ import annotations
@@ -108,27 +111,25 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from tierkv._concurrency import outlive_cancel
-from tierkv._platform import io_uring_available, o_direct_supported
 from tierkv.config import NvmeTierConfig, TierKind
-from tierkv.errors import ConfigError, DeviceError, TierFullError
+from tierkv.errors import ConfigError, TierFullError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
-from tierkv.formats.nvme_layout import (
-    SUPERBLOCK_SIZE,
-    TOMBSTONE,
-    entry_size,
-    format_uuid,
-)
+from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, TOMBSTONE, entry_size
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
 from tierkv.tiers.nvme._device import make_backend, open_device
+from tierkv.tiers.nvme._flush import LogFlush
+from tierkv.tiers.nvme._introspection import describe_log, log_stats, probe
 from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
-from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._writes import RegionWrites
 from tierkv.tiers.nvme.io._blockio import BlockIO
+
+# probe lives with what the tier reports; the tier's public surface keeps it
+__all__ = ["HEADER_ALLOWANCE", "NvmeTier", "probe"]
 
 #: bytes reserved for the object header when sizing an object before its header exists
 HEADER_ALLOWANCE = 256
@@ -157,6 +158,7 @@ class NvmeTier(Tier):
         self._log = RegionLog(self._st, self._writes)
         self._checkpoint = CheckpointIO(self._st, self._writes)
         self._recovery = NvmeRecovery(self._st, self._checkpoint)
+        self._flush = LogFlush(self._st, self._writes, self._log, self._checkpoint)
         #: a hook for fault injection (`tierkv.testing.faults`): wraps the block device the
         #: tier opens, so that injected faults arrive where a failing device's would
         self.wrap_io: Callable[[BlockIO], BlockIO] | None = None
@@ -219,7 +221,7 @@ class NvmeTier(Tier):
             if device.created:
                 with contextlib.suppress(OSError):
                     os.unlink(device.path)
-            await outlive_cancel(self._release())
+            await outlive_cancel(self._flush.release())
             raise
         recovered = []
         index = st.index  # recovery may have replaced it
@@ -236,57 +238,7 @@ class NvmeTier(Tier):
         """Flush and checkpoint under the lock (operations waiting for it then find the tier
         closed), then release. Cancelled, it skips what is left of the flush and checkpoint
         (the next open scans) but still releases everything, once background writes are done."""
-        try:
-            async with self._st.lock:
-                if await self._flush_at_close():
-                    try:
-                        await self._checkpoint.write()
-                    except DeviceError as exc:
-                        # the superblock still names no checkpoint: the next open scans
-                        self._st.counters["checkpoint_skipped"] += 1
-                        log.error("%s: writing the checkpoint failed (%s)", self.name, exc)
-        finally:
-            await outlive_cancel(self._release())
-
-    async def _flush_at_close(self) -> bool:
-        """Flush; after a failure once more. True when a flush succeeded.
-
-        A failed region write drops that region's entries and queues tombstones for what it
-        superseded; the second flush writes those into another region, so that a scan at the
-        next open cannot bring the superseded records back. To that end it reclaims a victim
-        rather than reuse a region whose write failed.
-        """
-        try:
-            await self._flush_locked()
-            return True
-        except DeviceError as exc:
-            log.error("%s: flush at close failed (%s); flushing once more", self.name, exc)
-        self._st.reuse_failed = False
-        try:
-            await self._flush_locked()
-        except DeviceError as exc:
-            log.error("%s: flush at close failed again (%s); no checkpoint written, and a scan "
-                      "may bring back entries the failed writes superseded", self.name, exc)
-            return False
-        return True
-
-    async def _release(self) -> None:
-        """Wait for the background writes (they use the buffers and the device), then release."""
-        st = self._st
-        await settle(st.sealing)
-        for region in st.regions:  # a head whose flush failed may still have writes out
-            await settle(region.writes)
-        for region in st.regions:
-            if region.buffer is not None:
-                st.pool.release(region.buffer)
-                region.buffer = None
-        if st.io is not None:
-            await st.io.aclose()
-            st.io = None
-        st.pool.close()
-        if st.device is not None:
-            os.close(st.device.fd)
-            st.device = None
+        await self._flush.close()
 
     # -- data path -------------------------------------------------------------------------------
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
@@ -364,93 +316,13 @@ class NvmeTier(Tier):
         self._check_open()
         async with self._st.lock:
             self._check_open()
-            await self._flush_locked()
-
-    async def _flush_locked(self) -> None:
-        """Flush under the lock. Cancelled, it leaves every background write going and any
-        failure seen so far (`write_error`) for the next flush to raise."""
-        st = self._st
-        await settle(st.sealing)
-        if st.superseded:  # one pass: failures of the regions it writes wait for the next
-            await self._log.settle_superseded()
-            await settle(st.sealing)
-        _d, io, _sb = st.dev_io()
-        head = st.head
-        if head is not None:
-            try:
-                await self._writes.drain(head)
-            except DeviceError as exc:
-                self._writes.retire_head(head, exc)  # sets `write_error`
-        await io.sync()
-        error, st.write_error = st.write_error, None
-        if error is not None:
-            raise error
-        await self._checkpoint.record_newest()  # after the sync: that region is on media
+            await self._flush.flush_locked()
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        st = self._st
         data = super().stats()
-        states = [r.state for r in st.regions]
-        data.update(st.counters)
-        data.update({
-            "backend": st.io.name if st.io is not None else None,
-            "sq_poll": getattr(st.io, "sq_poll", None),
-            "eagain_retries": getattr(st.io, "eagain_retries", 0),
-            "regions_used": sum(s is not RegionState.FREE for s in states),
-            "regions_free": st.regions.count - sum(s is not RegionState.FREE for s in states),
-            # regions with bookkeeping in DRAM: those touched so far, not the capacity
-            "regions_in_memory": st.regions.made,
-            # kept FREE for the checkpoint (left out of `capacity`)
-            "regions_reserved": st.reserve.held,
-            "entries": len(st.index),
-            "buffer_bytes_mapped": st.pool.mapped,
-            "recovered_from": st.recovered_from,
-        })
+        data.update(log_stats(self._st))
         return data
 
     def describe(self) -> dict[str, str]:
-        st = self._st
-        device = st.device
-        info = {
-            "path": str(self.config.path),
-            "capacity": str(self.capacity),
-            "region_size": str(self.config.region_size),
-            "regions": str(st.region_count),
-            "eviction": self.config.eviction.value,
-        }
-        if device is None:
-            info["state"] = self.state.value
-            return info
-        info.update({
-            "device": "block device" if device.block_device else "regular file",
-            "io": "direct (O_DIRECT)" if device.direct else "buffered (page cache)",
-            "backend": st.io.name if st.io is not None else "closed",
-            "logical_block_size": (str(device.logical_block_size)
-                                   if device.logical_block_size else "unknown (4096 assumed)"),
-            "alignment": str(device.alignment),
-            "queue_depth": str(self.config.queue_depth),
-        })
-        sq_poll = getattr(st.io, "sq_poll", None)
-        if sq_poll is not None:
-            info["sq_poll"] = f"kernel submission polling, idle after {sq_poll * 1000:g}ms"
-        if st.sb is not None:
-            info["uuid"] = format_uuid(st.sb.uuid)
-        return info
-
-
-def probe(config: NvmeTierConfig) -> dict[str, str]:
-    """What this machine offers the tier at `config.path`, without touching the tier's file.
-
-    O_DIRECT is tried on a temporary file beside the path (or read-only on a block device).
-    """
-    reason = io_uring_available()
-    return {
-        "io_uring": "available" if reason is None else f"unavailable: {reason}",
-        "o_direct": ("supported" if o_direct_supported(config.path)
-                     else "refused (use direct = false)"),
-        "backend": config.backend.value,
-        "sq_poll": ("off" if config.sq_poll is None
-                    else f"on, idle after {config.sq_poll * 1000:g}ms"),
-        "path_exists": "yes" if config.path.exists() else "no (created at open)",
-    }
+        return describe_log(self._st, self.capacity, self.state)

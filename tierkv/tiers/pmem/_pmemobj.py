@@ -1,8 +1,9 @@
 """A thin ctypes binding of libpmemobj (PMDK 1.12) and of libpmem's `pmem_is_pmem`.
 
 Only what the PMem tier needs is bound, one Python method per C call. The shared objects are loaded
-lazily by their versioned names (``libpmemobj.so.1``, ``libpmem.so.1``: the unversioned names exist
-only with the -dev packages); a machine without them gets `DeviceError` naming the Debian package.
+lazily (`_pmdk`) by their versioned names (``libpmemobj.so.1``, ``libpmem.so.1``: the unversioned
+names exist only with the -dev packages); a machine without them gets `DeviceError` naming the
+Debian package.
 
 Errors: every failing call raises `DeviceError` whose message carries ``pmemobj_errormsg()``, read
 in the thread that made the call (PMDK keeps it thread-local), and whose ``__cause__`` is an
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import itertools
 import os
 import threading
@@ -35,12 +35,27 @@ from pathlib import Path
 
 from tierkv.errors import DeviceError
 from tierkv.formats import pmem_layout
+from tierkv.tiers.pmem._pmdk import (
+    API_MAJOR,
+    API_MINOR,
+    C_CONSTRUCTOR,
+    HEADER_COMPACT,
+    LIBPMEM,
+    LIBPMEMOBJ,
+    AllocClassDesc,
+    Lib,
+    PMEMoid,
+    library,
+)
 
-LIBPMEMOBJ = "libpmemobj.so.1"
-LIBPMEM = "libpmem.so.1"
-#: PMDK 1.12 ships the libpmemobj API 2.4; 2.0 already has every call bound here
-API_MAJOR = 2
-API_MINOR = 0
+# the C side lives in `_pmdk`; callers reach the whole binding through this module
+__all__ = [
+    "API_MAJOR", "API_MINOR", "HEADER_COMPACT", "IN_USE_ERRNOS", "LIBPMEM", "LIBPMEMOBJ",
+    "MAX_ALLOC_SIZE", "MAX_LAYOUT", "MIN_POOL", "AllocClassDesc", "Constructor", "Lib", "Oid",
+    "PMEMoid", "Pool", "arena_flag", "class_flag", "create_pool", "failure", "failure_errno",
+    "library", "open_pool", "set_prefault",
+]
+
 #: PMEMOBJ_MAX_LAYOUT (with the terminating NUL): the size of the layout field on media
 MAX_LAYOUT = pmem_layout.MAX_LAYOUT
 MIN_POOL = 8 << 20  # PMEMOBJ_MIN_POOL
@@ -48,12 +63,6 @@ MAX_ALLOC_SIZE = 0x3FFDFFFC0  # PMEMOBJ_MAX_ALLOC_SIZE
 IN_USE_ERRNOS = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
 #: libpmem's ``PMEM_F_MEM_NODRAIN | PMEM_F_MEM_NONTEMPORAL``: streaming stores, no fence
 _STREAM_FLAGS = (1 << 0) | (1 << 1)
-
-
-class PMEMoid(ctypes.Structure):
-    """``PMEMoid`` as C passes it: two uint64 by value."""
-
-    _fields_ = (("pool_uuid_lo", ctypes.c_uint64), ("off", ctypes.c_uint64))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,21 +76,6 @@ class Oid:
         return PMEMoid(self.pool_uuid_lo, self.off)
 
 
-class AllocClassDesc(ctypes.Structure):
-    """``struct pobj_alloc_class_desc``."""
-
-    _fields_ = (
-        ("unit_size", ctypes.c_size_t),
-        ("alignment", ctypes.c_size_t),
-        ("units_per_block", ctypes.c_uint),
-        ("header_type", ctypes.c_int),
-        ("class_id", ctypes.c_uint),
-    )
-
-
-HEADER_COMPACT = 1  # POBJ_HEADER_COMPACT: 16 bytes, keeps type_num and usable size
-
-
 def class_flag(class_id: int) -> int:
     """``POBJ_CLASS_ID(id)`` for `Pool.alloc`'s flags."""
     return class_id << 48
@@ -92,92 +86,8 @@ def arena_flag(arena_id: int) -> int:
     return arena_id << 32
 
 
-_CONSTRUCTOR = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-
 #: what a constructor does: fill `size` bytes at `address`, and persist them, before PMDK publishes
 Constructor = Callable[[int], None]
-
-
-class Lib:
-    """The two loaded libraries with argument and result types declared.
-
-    `obj` and `pmem` release the GIL around each call; `held_obj` and `held_pmem` are the same
-    libraries bound through `ctypes.PyDLL`, for the few nanosecond calls that keep it.
-    """
-
-    def __init__(self, obj: ctypes.CDLL, pmem: ctypes.CDLL) -> None:
-        self.obj = obj
-        self.pmem = pmem
-        held_obj = ctypes.PyDLL(LIBPMEMOBJ)
-        held_pmem = ctypes.PyDLL(LIBPMEM)
-        self.held_obj = held_obj
-        self.held_pmem = held_pmem
-        c = ctypes
-        sigs: list[tuple[ctypes.CDLL, str, object, list[object]]] = [
-            (obj, "pmemobj_create", c.c_void_p, [c.c_char_p, c.c_char_p, c.c_size_t, c.c_uint]),
-            (obj, "pmemobj_open", c.c_void_p, [c.c_char_p, c.c_char_p]),
-            (obj, "pmemobj_close", None, [c.c_void_p]),
-            (obj, "pmemobj_root", PMEMoid, [c.c_void_p, c.c_size_t]),
-            (obj, "pmemobj_root_size", c.c_size_t, [c.c_void_p]),
-            (obj, "pmemobj_alloc", c.c_int,
-             [c.c_void_p, c.POINTER(PMEMoid), c.c_size_t, c.c_uint64, _CONSTRUCTOR, c.c_void_p]),
-            (obj, "pmemobj_xalloc", c.c_int,
-             [c.c_void_p, c.POINTER(PMEMoid), c.c_size_t, c.c_uint64, c.c_uint64, _CONSTRUCTOR,
-              c.c_void_p]),
-            (obj, "pmemobj_ctl_set", c.c_int, [c.c_void_p, c.c_char_p, c.c_void_p]),
-            (obj, "pmemobj_ctl_get", c.c_int, [c.c_void_p, c.c_char_p, c.c_void_p]),
-            (obj, "pmemobj_free", None, [c.POINTER(PMEMoid)]),
-            (obj, "pmemobj_direct", c.c_void_p, [PMEMoid]),
-            (obj, "pmemobj_first", PMEMoid, [c.c_void_p]),
-            (obj, "pmemobj_next", PMEMoid, [PMEMoid]),
-            (obj, "pmemobj_type_num", c.c_uint64, [PMEMoid]),
-            (obj, "pmemobj_alloc_usable_size", c.c_size_t, [PMEMoid]),
-            (obj, "pmemobj_persist", None, [c.c_void_p, c.c_void_p, c.c_size_t]),
-            (obj, "pmemobj_memcpy_persist", c.c_void_p,
-             [c.c_void_p, c.c_void_p, c.c_void_p, c.c_size_t]),
-            (obj, "pmemobj_errormsg", c.c_char_p, []),
-            (obj, "pmemobj_check_version", c.c_char_p, [c.c_uint, c.c_uint]),
-            (pmem, "pmem_is_pmem", c.c_int, [c.c_void_p, c.c_size_t]),
-            (pmem, "pmem_memcpy", c.c_void_p, [c.c_void_p, c.c_void_p, c.c_size_t, c.c_uint]),
-            (pmem, "pmem_drain", None, []),
-            (held_obj, "pmemobj_direct", c.c_void_p, [PMEMoid]),
-            (held_obj, "pmemobj_type_num", c.c_uint64, [PMEMoid]),
-            (held_obj, "pmemobj_alloc_usable_size", c.c_size_t, [PMEMoid]),
-            (held_pmem, "pmem_drain", None, []),
-        ]
-        for lib, name, restype, argtypes in sigs:
-            try:
-                function = getattr(lib, name)
-            except AttributeError as exc:
-                raise DeviceError(f"{name} is missing from the installed PMDK: {exc}") from None
-            function.restype = restype
-            function.argtypes = argtypes
-
-    def errormsg(self) -> str:
-        raw = self.obj.pmemobj_errormsg()
-        return raw.decode(errors="replace") if raw else ""
-
-
-@functools.cache
-def _load() -> Lib:
-    try:
-        obj = ctypes.CDLL(LIBPMEMOBJ, use_errno=True)
-        pmem = ctypes.CDLL(LIBPMEM, use_errno=True)
-    except OSError as exc:
-        raise DeviceError(
-            f"libpmemobj cannot be loaded ({exc}); install the Debian package libpmemobj1 "
-            "(it brings libpmem1)"
-        ) from None
-    lib = Lib(obj, pmem)
-    mismatch = obj.pmemobj_check_version(API_MAJOR, API_MINOR)
-    if mismatch:
-        raise DeviceError(f"{LIBPMEMOBJ} is too old: {mismatch.decode(errors='replace')}")
-    return lib
-
-
-def library() -> Lib:
-    """The loaded libraries; `DeviceError` naming the package to install when they are absent."""
-    return _load()
 
 
 def _fail(lib: Lib, what: str) -> DeviceError:
@@ -225,7 +135,7 @@ def _construct(pop: int | None, ptr: int | None, arg: int | None) -> int:
     return 0
 
 
-_trampoline = _CONSTRUCTOR(_construct)
+_trampoline = C_CONSTRUCTOR(_construct)
 
 
 class Pool:

@@ -22,8 +22,8 @@ On an ordinary file PMDK persists with msync and the tier says it is *emulated*;
 survives a process crash but not a reboot. `describe` and `stats` state which case holds.
 
 Concurrency: coroutines of one event loop. Puts and gets of payloads of `LARGE_COPY` bytes or
-more never copy on the loop: with the native library they run on its `NATIVE_WORKERS` threads,
-wholly in C and without the GIL (`_queue.NativeQueue`, completions reaped through an
+more never copy on the loop (`_lanes`): with the native library they run on its `NATIVE_WORKERS`
+threads, wholly in C and without the GIL (`_queue.NativeQueue`, completions reaped through an
 eventfd); without it on the tier's Python copy thread (`_copythreads.CopyThreads`: ctypes and
 xxhash release the GIL), which also runs the recovery walk (`_pool`) in both cases. Small
 payloads are copied inline. At most `queue_depth` large copies are in flight on either queue
@@ -68,51 +68,29 @@ Errors: `DeviceError` naming the path for media refused as above, a pool another
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import functools
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from tierkv.config import PmemTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
-from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
-from tierkv.tiers._buffers import BufferRecycler, fresh_bytes
-from tierkv.tiers._copythreads import CopyThreads
+from tierkv.formats.value import ObjectMeta, Payload, payload_view
 from tierkv.tiers.base import RecoveredObject, Tier
 from tierkv.tiers.pmem import _pmemobj as pmemobj
-from tierkv.tiers.pmem._copy import CHUNK, copy_out
+from tierkv.tiers.pmem._copy import CHUNK
+from tierkv.tiers.pmem._lanes import COPY_THREADS, LARGE_COPY, CopyLanes
 from tierkv.tiers.pmem._media import Media, filesystem_of, probe
-from tierkv.tiers.pmem._native import NativeCopies, Outcome
-from tierkv.tiers.pmem._native import load as load_native
 from tierkv.tiers.pmem._pool import PoolObject, open_pool, recover, register_classes
-from tierkv.tiers.pmem._queue import NativeQueue
 from tierkv.tiers.pmem._records import RecordWriter
 
-# CHUNK and probe live with what they describe; the tier's public surface keeps them
+# CHUNK, COPY_THREADS, LARGE_COPY and probe live with what they describe; the tier's public
+# surface keeps them
 __all__ = ["CHUNK", "COPY_THREADS", "HEADER_ALLOWANCE", "LARGE_COPY", "PmemTier", "probe"]
 
 log = logging.getLogger(__name__)
 
-#: payloads of this many bytes or more are copied on the worker thread, off the event loop
-LARGE_COPY = 64 << 10
-#: threads that run large copies (and the recovery walk). On the 2-vCPU test VM two threads
-#: were no faster than one with 8 requests in flight, and gets were slower (three threads
-#: contending for the GIL and two cores; docs/benchmarks-pmem.md)
-COPY_THREADS = 1
-#: worker threads of the native library. Its workers never take the GIL, so unlike the Python
-#: copy threads two of them scale on the 2-vCPU test VM: with 8 requests in flight, 4 MiB gets
-#: went from 0.50 to 0.81-0.84 of memcpy and 256 KiB ones from 0.41 to 0.82 (one run, A/B/A;
-#: docs/benchmarks-pmem.md)
-NATIVE_WORKERS = 2
-#: memory of dropped get results kept for reuse (`_buffers`): 8 requests in flight of 4 MiB,
-#: twice over
-RETAINED_RESULTS = 64 << 20
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
 HEADER_ALLOWANCE = 256
 
@@ -128,10 +106,7 @@ class PmemTier(Tier):
         the Python ones (tests cover both)."""
         super().__init__(config.name)
         self.queue_depth = config.queue_depth
-        self._use_native = native
-        self._native: NativeCopies | None = None
-        self._native_queue: NativeQueue | None = None
-        self._results = BufferRecycler(RETAINED_RESULTS)
+        self._lanes = CopyLanes(config.name, config.queue_depth, use_native=native)
         self.config = config
         self.path = config.path
         self._capacity = config.capacity
@@ -141,11 +116,6 @@ class PmemTier(Tier):
         self._payload_bytes = 0
         self._sequence = 1
         self._writer: RecordWriter | None = None
-        self._copy_threads: CopyThreads | None = None
-        self._max_in_flight = 0  # of the queues closed so far (`_copy_stats`)
-        self._operations = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.media: Media | None = None
         self._counters = {
             "corrupt_freed_at_open": 0,
@@ -157,31 +127,10 @@ class PmemTier(Tier):
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
-        loop = asyncio.get_running_loop()
-        copier = CopyThreads(loop, COPY_THREADS, f"tierkv-{self.name}-pmem", self.queue_depth)
-        try:
-            recovered = await copier.run(lambda: self._open_sync)
-        except BaseException:
-            await copier.close()
-            raise
-        if self._native is None:
-            self._copy_threads = copier
-        else:  # the native workers take every large copy: the Python thread was for the walk
-            await copier.close()
-            self._native_queue = NativeQueue(self._native, loop, NATIVE_WORKERS,
-                                             self.queue_depth)
-        return recovered
+        return await self._lanes.start(self._open_sync)
 
     async def _close(self) -> None:
-        await self._idle.wait()
-        if self._native_queue is not None:
-            await self._native_queue.close()
-            self._max_in_flight = max(self._max_in_flight, self._native_queue.max_in_flight)
-            self._native_queue = None
-        if self._copy_threads is not None:
-            await self._copy_threads.close()
-            self._max_in_flight = max(self._max_in_flight, self._copy_threads.max_in_flight)
-            self._copy_threads = None
+        await self._lanes.close()
         self._writer = None
         if self._pool is not None:
             self._pool.close()
@@ -192,7 +141,7 @@ class PmemTier(Tier):
         pool = open_pool(self.config, self.name, self._capacity)
         try:
             class_flags = register_classes(pool)
-            self._native = load_native() if self._use_native else None
+            native = self._lanes.load_native()
             fstype, _options = filesystem_of(self.path)
             self.media = Media(pool.is_pmem(), fstype, fstype == "tmpfs")
             if pool.size:
@@ -203,7 +152,7 @@ class PmemTier(Tier):
                                 self._capacity)
                     self._capacity = limit
             self._pool = pool
-            self._writer = RecordWriter(pool, class_flags, self._native, self.name)
+            self._writer = RecordWriter(pool, class_flags, native, self.name)
             recovered = self._recover(pool)
         except BaseException:
             self._pool = None
@@ -281,7 +230,7 @@ class PmemTier(Tier):
 
         def finish(obj: PoolObject | None, error: BaseException | None, abandoned: bool) -> None:
             # on the loop, once the worker is done, whether or not the caller still waits
-            self._end()
+            self._lanes.end()
             if obj is None:
                 self._used -= reserved
                 self._count_failure(error)
@@ -292,22 +241,8 @@ class PmemTier(Tier):
             else:
                 self._install(key, obj)
 
-        self._begin()
-        native_put = prepared.native
-        if native_put is None:
-            await self._copier().run(lambda: prepared.write, finish)
-            return ()
-
-        def finish_native(outcome: Outcome | None, error: BaseException | None,
-                          abandoned: bool) -> None:
-            obj = None if outcome is None else writer.pool_object(outcome, meta, sequence)
-            finish(obj, error, abandoned)
-
-        try:
-            await self._queue().put(native_put, finish_native)
-        except DeviceError as exc:
-            writer.raise_if_full(exc, prepared.record_size)
-            raise
+        self._lanes.begin()
+        await self._lanes.write(prepared, writer, meta, sequence, finish)
         return ()
 
     def _count_failure(self, error: BaseException | None) -> None:
@@ -344,22 +279,13 @@ class PmemTier(Tier):
             raise DeviceError(f"tier {self.name!r}: pool {self.path} is not open")
         return self._writer
 
-    def _begin(self) -> None:
-        self._operations += 1
-        self._idle.clear()
-
-    def _end(self) -> None:
-        self._operations -= 1
-        if not self._operations:
-            self._idle.set()
-
     async def get(self, key: bytes) -> tuple[ObjectMeta, Payload] | None:
         self._check_open()
         obj = self._objects.get(key)
         if obj is None:
             return None
         obj.readers += 1
-        self._begin()
+        self._lanes.begin()
 
         def finish(_data: object = None, _error: object = None, _abandoned: bool = False) -> None:
             # the allocation stays ours until the copy is done, even if the caller went away
@@ -367,36 +293,9 @@ class PmemTier(Tier):
             if obj.doomed and not obj.readers:
                 obj.doomed = False
                 self._release(obj)
-            self._end()
+            self._lanes.end()
 
-        source, nbytes = obj.address + obj.payload_offset, obj.meta.nbytes
-        # bytes values are copied straight into the `bytes` the caller gets, tensors into a
-        # recycled buffer; a large get takes it only once its copy has a slot in the queue
-        result: list[bytes] = []
-
-        def take_out() -> npt.NDArray[np.uint8]:
-            if obj.meta.kind is not ValueKind.BYTES:
-                return self._results.take(nbytes)
-            fresh, array = fresh_bytes(nbytes)
-            result.append(fresh)
-            return array
-
-        copied: memoryview | npt.NDArray[np.uint8] | None
-        if nbytes < LARGE_COPY:
-            try:
-                copied = copy_out(take_out(), source, obj.payload_checksum, self._native)
-            finally:
-                finish()
-        elif self._native is None:
-            copied = await self._copier().run(
-                lambda: functools.partial(copy_out, take_out(), source, obj.payload_checksum),
-                finish)
-        else:
-            copied = await self._queue().get(take_out, source, obj.payload_checksum, finish)
-        data: Payload | None = None
-        if copied is not None:
-            data = result[0] if result else (copied.data if isinstance(copied, np.ndarray)
-                                             else copied)
+        data = await self._lanes.read(obj, finish)
         if data is None:
             self._counters["checksum_misses"] += 1
             log.warning("tier %s: checksum mismatch, dropping the object", self.name)
@@ -406,14 +305,6 @@ class PmemTier(Tier):
                 self._release(obj)
             return None
         return obj.meta, data
-
-    def _queue(self) -> NativeQueue:
-        assert self._native_queue is not None  # open, with the native library
-        return self._native_queue
-
-    def _copier(self) -> CopyThreads:
-        assert self._copy_threads is not None  # open on the Python copy path
-        return self._copy_threads
 
     async def delete(self, key: bytes) -> bool:
         self._check_open()
@@ -442,9 +333,7 @@ class PmemTier(Tier):
             emulated=media.emulated if media else None,
             tmpfs=media.tmpfs if media else None,
             durability=media.durability if media else "unknown until open",
-            copy_path=self._copy_path(),
-            **self._copy_stats(),
-            recycled_results=self._results.reused,
+            **self._lanes.stats(),
             objects=len(self._objects),
             bytes=self._payload_bytes,
             **self._counters,
@@ -462,20 +351,5 @@ class PmemTier(Tier):
             else "emulated: not persistent memory (pmem_is_pmem = 0)",
             "filesystem": media.filesystem + (" (RAM)" if media.tmpfs else ""),
             "durability": media.durability,
-            "copies": self._copy_path(),
+            "copies": self._lanes.copy_path(),
         }
-
-    def _copy_stats(self) -> dict[str, int]:
-        """Large copies on the active queue: in flight, waiting for a slot, and the most ever
-        in flight at once (never above `queue_depth`)."""
-        active = self._native_queue or self._copy_threads
-        if active is None:
-            return {"copies_in_flight": 0, "copies_waiting": 0,
-                    "copies_in_flight_max": self._max_in_flight}
-        return {"copies_in_flight": active.in_flight, "copies_waiting": active.waiting,
-                "copies_in_flight_max": max(self._max_in_flight, active.max_in_flight)}
-
-    def _copy_path(self) -> str:
-        if self._native is not None:
-            return f"native ({self._native.path.name})"
-        return "python" + ("" if not self._use_native else " (native library not built)")
