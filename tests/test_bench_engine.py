@@ -51,3 +51,7 @@ async def test_group_commit_shares_flushes(config: Config) -> None:
     assert flushes[False] == 256  # one per put
     assert flushes[True] < flushes[False]
     assert rows[0].baseline_name == "one flush per put"
+    # fio (scripts/setup installs it) measures the device's ceiling beside it
+    assert result["fio_writes_per_s"]["fdatasync every 1"] > 0
+    assert result["fio_writes_per_s"]["fdatasync every 8"] > 0
+    assert rows[1].baseline_name == "fdatasync every write"
