@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import traceback
 from collections.abc import Iterator
@@ -24,6 +22,7 @@ from urllib.parse import quote
 import pytest
 import redis.asyncio as aioredis
 
+from tests.tiers.test_redis_tier import cli_config, run_cli
 from tierkv import ConfigError, load_config
 from tierkv.config import RedisTierConfig
 from tierkv.errors import DeviceError
@@ -197,23 +196,8 @@ async def test_a_plain_url_to_the_tls_port_fails_the_open(server: RedisServer) -
 
 
 def test_info_over_tls(server: RedisServer, scratch: Path) -> None:
-    path = scratch / "shared.toml"
-    path.write_text(f"""
-[[tiers]]
-name = "l1"
-kind = "gpu"
-device = "cpu"
-capacity = "4MiB"
-slot_size = "64KiB"
-
-[[tiers]]
-name = "shared"
-kind = "redis"
-capacity = "4MiB"
-url = "{with_ca(server.url, server.ca_file)}"
-""")
-    result = subprocess.run([sys.executable, "-m", "tierkv.cli", "info", "--config", str(path)],
-                            capture_output=True, text=True, timeout=120, check=False)
+    path = cli_config(scratch, with_ca(server.url, server.ca_file))
+    result = run_cli("info", "--config", str(path))
     assert result.returncode == 0, result.stderr
     assert "reachable: yes" in result.stdout
     assert f"server: rediss://{server.address}/0?ssl_ca_certs=" in result.stdout
