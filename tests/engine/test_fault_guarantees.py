@@ -340,6 +340,23 @@ async def test_a_hung_write_falls_through_and_leaves_nothing_behind(tmp_path: Pa
             assert await reopened.get(f"k{i}") == value(f"k{i}", 1, 20_000), i
 
 
+@pytest.mark.pmem
+async def test_a_hung_device_does_not_hold_the_profile_probe(tmp_path: Path) -> None:
+    """The first put with a latency SLO probes the tiers' profiles: a pool whose puts never
+    answer cuts the probe off (its kind's typical profile is used instead), and the put
+    returns or fails within two cut-offs (the probe's and, placed there, its own)."""
+    cfg = config(tmp_path, ("gpu", "pmem"))
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        plan.add("pmem", "hang", rate=1.0, ops=["put"])
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with contextlib.suppress(DeviceError):
+            await kv.put("k", b"x" * 4096, latency_slo=0.01)
+        assert loop.time() - started < 2 * SLOW + MARGIN
+        assert plan.fired["pmem:hang"] >= 1
+
+
 # -- when every tier fails the engine keeps answering, and recovers by itself -----------------
 @pytest.mark.pmem
 async def test_every_tier_failing_is_answered_and_recovered_from(tmp_path: Path) -> None:

@@ -7,6 +7,8 @@ gives the bandwidth. The probe runs once, when the first put with a `latency_slo
 profiles (so engines that never ask pay nothing, and no probe object ever lands on media
 otherwise). A tier that cannot take the probe (full, failing) gets its kind's typical profile.
 The probe keys carry a tag no public key encodes to, so they can never meet a user's key.
+Its calls go through the tier's guard like every other call into a tier: a hung device cuts
+them off (the probe fails), and a delete it refuses is kept to retry like any other.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import time
 
 from tierkv.config import TierKind
 from tierkv.engine._state import EngineState, log
-from tierkv.errors import TierKVError
+from tierkv.errors import DeviceError, TierKVError
 from tierkv.formats.value import encode_value
 from tierkv.scheduler.select import TierProfile
-from tierkv.tiers.base import Tier
 
 #: typical (latency seconds, bandwidth bytes/s) of each kind, when a probe cannot run
 TYPICAL = {TierKind.GPU: (2e-6, 10e9), TierKind.PMEM: (1e-6, 4e9), TierKind.NVME: (100e-6, 2e9)}
@@ -28,10 +29,10 @@ _SMALL, _LARGE, _ROUNDS = 4096, 256 << 10, 3
 
 async def measure_profiles(state: EngineState) -> tuple[TierProfile, ...]:
     profiles = []
-    for tier, config in zip(state.tiers, state.config.tiers, strict=True):
+    for index, (tier, config) in enumerate(zip(state.tiers, state.config.tiers, strict=True)):
         measured = TYPICAL[config.kind]
         if config.latency is None or config.bandwidth is None:
-            measured = await _probe(tier) or measured
+            measured = await _probe(state, index) or measured
         latency = config.latency if config.latency is not None else measured[0]
         bandwidth = float(config.bandwidth) if config.bandwidth is not None else measured[1]
         profiles.append(TierProfile(latency, bandwidth, tier.queue_depth))
@@ -39,12 +40,13 @@ async def measure_profiles(state: EngineState) -> tuple[TierProfile, ...]:
     return tuple(profiles)
 
 
-async def _probe(tier: Tier) -> tuple[float, float] | None:
+async def _probe(state: EngineState, index: int) -> tuple[float, float] | None:
+    tier = state.tiers[index]
     if not tier.can_ever_hold(_LARGE):
         return None
     try:
-        small_time = await _read_time(tier, _SMALL)
-        large_time = await _read_time(tier, _LARGE)
+        small_time = await _read_time(state, index, _SMALL)
+        large_time = await _read_time(state, index, _LARGE)
     except TierKVError as exc:
         log.warning("tier %s: the profile probe failed (%s); using typical figures",
                     tier.name, exc)
@@ -54,20 +56,26 @@ async def _probe(tier: Tier) -> tuple[float, float] | None:
     return small_time, (_LARGE - _SMALL) / max(large_time - small_time, 1e-9)
 
 
-async def _read_time(tier: Tier, nbytes: int) -> float | None:
+async def _read_time(state: EngineState, index: int, nbytes: int) -> float | None:
     """The fastest of a few reads of an `nbytes` probe object; ``None`` if it did not fit."""
+    tier, guard = state.tiers[index], state.guards[index]
     key = _PROBE_TAG + str(nbytes).encode()
     meta, payload = encode_value(bytes(nbytes))
     if not tier.reclaims_space and not tier.fits(meta.nbytes):
         return None
-    await tier.put(key, meta, payload)
+    await guard.write(tier.put, key, meta, payload)
     try:
         best = float("inf")
         for _ in range(_ROUNDS):
             started = time.perf_counter()
-            if await tier.get(key) is None:
+            if await guard.read(tier.get, key) is None:
                 return None
             best = min(best, time.perf_counter() - started)
         return best
     finally:
-        await tier.delete(key)
+        try:
+            await guard.delete(tier.delete, key)
+        except DeviceError:
+            if state.refused_delete is not None:  # retried and recorded at the next flush
+                state.refused_delete(key, index)
+            raise
