@@ -189,3 +189,26 @@ async def test_a_hung_delete_is_cut_off_and_still_never_comes_back(tmp_path: Pat
     async with tierkv.open(cfg) as reopened:
         for i in range(3):
             assert await reopened.get(f"k{i}") is None, i
+
+
+async def test_an_older_copy_the_device_refuses_to_delete_at_open_does_not_fail_it(
+        tmp_path: Path) -> None:
+    """At open, the older of two copies of a key is deleted; a pool that refuses that delete
+    does not make the open fail: the newer value is served, and after another reopen too."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    old, new = value("k", 1, 3000), value("k", 2, 3000)
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    await kv.put("k", old)
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete", "put"])
+    await kv.put("k", new)  # the old copy stays in the pool, the new one goes to the log
+    assert await kv.locate("k") == "nvme"
+    await kv.close()
+    reopened = await open_with_faults(cfg, plan)  # the pool still refuses, during open too
+    try:
+        assert await reopened.get("k") == new
+    finally:
+        await reopened.close()
+    async with tierkv.open(cfg) as healed:
+        assert await healed.get("k") == new

@@ -15,6 +15,7 @@ import time
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
+from tierkv.errors import DeviceError
 from tierkv.keys import is_engine_key
 from tierkv.tiers.base import RecoveredObject, Tier
 
@@ -36,7 +37,7 @@ async def open_tiers(state: EngineState) -> None:
 
 
 async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredObject]) -> None:
-    index, tier = state.index, state.tiers[tier_index]
+    index = state.index
     now = state.now()
     for obj in recovered:
         if is_engine_key(obj.key):
@@ -45,14 +46,12 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
             continue
         entry = index.get(obj.key)
         if entry is not None and entry.generation > obj.meta.generation:
-            await tier.delete(obj.key)
-            state.counters.recovered_superseded += 1
+            await _delete_superseded(state, tier_index, obj.key)
             continue
         if entry is not None and entry.generation < obj.meta.generation:
             index.detach(obj.key, replaced=True)
             for older in entry.locations:
-                await state.tiers[older].delete(obj.key)
-                state.counters.recovered_superseded += 1
+                await _delete_superseded(state, older, obj.key)
             entry = None
         if entry is None:
             entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media
@@ -63,3 +62,17 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
         except DependencyCycleError as exc:
             state.counters.dag_edges_refused += 1
             log.warning("recovery: %s; the edges of that object are not restored", exc)
+
+
+async def _delete_superseded(state: EngineState, tier: int, key: bytes) -> None:
+    """Delete an older copy of `key` in `tier`. One the device refuses stays on its media and
+    is kept to retry and record like any refused delete (`_tombstones`): the newer copy is
+    what the index lists, and wins again at the next open."""
+    state.counters.recovered_superseded += 1
+    try:
+        await state.guards[tier].delete(state.tiers[tier].delete, key)
+    except DeviceError as exc:
+        log.warning("recovery: tier %s failed to delete an older copy (kept to retry): %s",
+                    state.names[tier], exc)
+        if state.refused_delete is not None:
+            state.refused_delete(key, tier)

@@ -1,6 +1,7 @@
 """Deletes a failing device refused: retried, and recorded so that the object never comes back.
 
-A delete (of `delete`, `invalidate`, an overwriting `put`, the scrub of a cancelled write) that
+A delete (of `delete`, `invalidate`, an overwriting `put`, the scrub of a cancelled write, the
+older of two copies that recovery finds, the profile probe's) that
 a persistent tier fails leaves a copy on its media that the index no longer lists: a reopen
 would recover it as live, and a deleted or overwritten value would come back. Such a copy is
 *pending* here: its key and the tiers that may still hold it. `flush` (and so `close`) first
