@@ -1,9 +1,9 @@
 """Deletes a failing device refused: retried, and recorded so that the object never comes back.
 
 A delete (of `delete`, `invalidate`, an overwriting `put`, the scrub of a cancelled write, the
-older of two copies that recovery finds, the profile probe's) that
-a persistent tier fails leaves a copy on its media that the index no longer lists: a reopen
-would recover it as live, and a deleted or overwritten value would come back. Such a copy is
+older of two copies that recovery finds, the profile probe's) that a persistent tier fails
+leaves a copy on its media that the index no longer lists: a reopen would recover it as live,
+and a deleted or overwritten value would come back. Such a copy is
 *pending* here: its key and the tiers that may still hold it. `flush` (and so `close`) first
 retries each pending delete under the key's gate, then writes what is still pending as
 tombstones (`tierkv.formats.tombstones`: every copy of the key up to a generation bound is
