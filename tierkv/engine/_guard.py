@@ -21,7 +21,7 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   tier's own timeout): never skipped, never cut off, only recorded: a flush is what makes an
   acknowledged object durable, and there is nothing to fall back to.
 
-A failure is a `DeviceError` of the tier (or a cut-off read); other errors (a full tier, a
+A failure is a `DeviceError` of the tier (or a cut-off call); other errors (a full tier, a
 closed engine, a cancelled caller) say nothing about the device. A state change is logged by
 the breaker, counted here, and handed to the listener (the engine tells the scheduler, so that
 no put or move is planned into an open tier). An open breaker turns half-open only when asked

@@ -256,11 +256,6 @@ class Shared:
             log.warning("the shared tier has been unreachable for %d invalidations: the %d "
                         "oldest will not be published", MAX_UNPUBLISHED + excess, excess)
 
-    @property
-    def unpublished(self) -> int:
-        """Invalidations the server has not taken yet (kept to publish again)."""
-        return len(self._unpublished)
-
     def tick(self) -> None:
         """Publish the kept invalidations again, in the background (the health watch calls it
         every second; one attempt at a time, none while the tier's breaker is open)."""

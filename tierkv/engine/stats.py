@@ -69,8 +69,8 @@ class EngineCounters:
     shared_stale: int = 0
     shared_busy: int = 0
     remote_invalidated: int = 0
-    #: invalidations published again once the server answered (keys), and those dropped
-    #: unpublished because too many were kept while it was unreachable
+    #: keys of kept invalidations sent again once the server answered (a failed try keeps
+    #: them for the next), and those dropped because too many were kept while it was down
     shared_republished: int = 0
     shared_unpublished_dropped: int = 0
     #: circuit breakers: state changes ("tier:state" → count), and calls not made into a tier
