@@ -123,12 +123,12 @@ def test_expired_plans_cover_only_idle_unprotected_copies() -> None:
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_a_hit_below_earns_a_promotion_to_the_top(enabled: bool) -> None:
-    scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled, exclusive=True))
+    scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled))
     below = Obj(b"k", locations=[2])
     # out of the log (which reclaims space itself) the copy stays: deleting it frees nothing
     expected = Promote(b"k", 1, 10, 2, 0, exclusive=False) if enabled else None
     assert scheduler.on_hit(below, 2) == expected
-    # out of a tier the engine evicts from, the object moves (exclusive caching, asked for)
+    # out of a tier the engine evicts from, the object moves (exclusive caching)
     middle = Obj(b"k", locations=[1])
     assert scheduler.on_hit(middle, 1) == (Promote(b"k", 1, 10, 1, 0, exclusive=True)
                                            if enabled else None)

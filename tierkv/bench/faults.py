@@ -21,10 +21,9 @@ its regions free (or the operations are done): the faults stop, the engine is cl
 reopened, and every key is read. A key that held a *durable* version and misses is *lost*:
 under ``write_through`` the version of every put that returned; under ``write_back`` the
 version the engine served just before that close (an acknowledged put may still be lost to a
-failing device until a flush covers it — counted as ``dropped_before_the_last_close`` — and,
-with ``scheduler.exclusive = true``, even a flushed one while a promotion out of the pool has
-moved it up, off the media, until the next flush). The next epoch starts on fresh media under a
-fresh key prefix.
+failing device until a flush covers it — counted as ``dropped_before_the_last_close`` — and
+even a flushed one while a promotion out of the pool has moved it up, off the media, until the
+next flush). The next epoch starts on fresh media under a fresh key prefix.
 
 Goals: nothing served corrupt; nothing stale during a round; nothing lost but what detected
 corruption explains (a flip caught by a checksum drops the copy it hit, and an object whose

@@ -57,8 +57,8 @@ class _KeyLog:
     acked: bool = False
     #: its value must survive: a write-through put returned, or the engine served it just
     #: before the epoch's last close (write-back: a put that returned may still be lost to a
-    #: failing device until a flush or close covers it, and with `scheduler.exclusive` a
-    #: flushed object leaves the media again when a promotion out of the pool moves it up)
+    #: failing device until a flush or close covers it, and a flushed object leaves the media
+    #: again when a promotion out of the pool moves it up)
     durable: bool = False
     #: a reopen happened since the last attempt
     reopened: bool = False

@@ -224,11 +224,9 @@ class SchedulerConfig:
     admission: Admission = Admission.PASS_ALL
     #: blocks after a read one of a known chain, warmed into the first tier in the background
     prefetch_depth: int = 4
-    #: a promotion moves the object up (the lower copy goes), so the tiers' capacities add up,
-    #: but a flushed object's only durable copy then goes up with it, volatile until the next
-    #: flush; false (the default) keeps the lower copy, and with it the flush barrier.
-    #: Write-through engines always keep it.
-    exclusive: bool = False
+    #: a promotion moves the object up (the lower copy goes), so the tiers' capacities add up;
+    #: false keeps the lower copy (inclusive). Write-through engines always keep it.
+    exclusive: bool = True
 
 
 @dataclass(frozen=True, slots=True)
