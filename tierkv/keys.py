@@ -194,6 +194,8 @@ _TAG_ENGINE = 0xFD
 FLEET_CURSOR_KEY = bytes((_TAG_ENGINE,)) + b"fleet-cursor"
 #: where the engine records the deletes a failing device refused (`formats.tombstones`)
 TOMBSTONES_KEY = bytes((_TAG_ENGINE,)) + b"tombstones"
+#: where an engine with a shared tier keeps the invalidations its server has not taken yet
+UNPUBLISHED_KEY = bytes((_TAG_ENGINE,)) + b"unpublished"
 
 
 def is_engine_key(raw: bytes) -> bool:

@@ -12,6 +12,7 @@ import pytest
 
 import tierkv
 from tests.engine._configs import gpu_tier, pmem_tier
+from tierkv.testing.redis_server import RedisServer
 
 pytestmark = [pytest.mark.redis, pytest.mark.pmem]
 
@@ -61,3 +62,34 @@ async def test_an_engine_the_log_no_longer_reaches_back_to_drops_what_it_recover
         assert kv.stats()["tiers"]["shared"]["log_horizon"] > 0
         assert await kv.get(b"k2") in (None, b"v2" * 100)  # None locally; the shared copy may
         assert await kv.get(b"k1") is None  # the invalidated one never comes back
+
+
+async def test_an_invalidation_the_server_never_took_is_published_after_a_restart(
+        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
+    """A invalidates a key B holds while the server is down, then closes: the invalidation is
+    kept in A's pool; once the server is back and A reopens, it is published, and B drops the
+    key."""
+    server = fresh_redis_server
+    a = engine(tmp_path / "a", server.url, timeout="300ms")
+    b = {"tiers": [gpu_tier(), {"name": "shared", "kind": "redis", "url": server.url,
+                                "capacity": "64MiB", "timeout": "300ms"}]}
+    async with tierkv.open(b) as other:
+        kv = await tierkv.open(a)
+        try:
+            await kv.put(b"K", b"old" * 100)
+            await kv.settle()
+            assert await other.get(b"K") == b"old" * 100
+            await other.settle()
+            server.kill()
+            assert await kv.invalidate(b"K") == 1
+        finally:
+            await kv.close()  # the server still down: the invalidation is saved, not published
+        assert await other.get(b"K") == b"old" * 100
+        await asyncio.to_thread(server.restart)
+        async with tierkv.open(a) as kv:
+            deadline = asyncio.get_running_loop().time() + 10.0
+            while await other.contains(b"K"):
+                assert asyncio.get_running_loop().time() < deadline, "never published"
+                await asyncio.sleep(0.05)
+            assert kv.stats()["engine"]["shared_republished"] >= 1
+        assert await other.get(b"K") is None

@@ -29,10 +29,17 @@ from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._state import EngineState
-from tierkv.errors import DependencyCycleError, DeviceError, TierKVError, TierUnavailableError
+from tierkv.errors import (
+    CorruptObjectError,
+    DependencyCycleError,
+    DeviceError,
+    TierKVError,
+    TierUnavailableError,
+)
 from tierkv.formats.shared_record import SharedRecord
+from tierkv.formats.tombstones import UNPUBLISHED_MAGIC, decode_tombstones, encode_tombstones
 from tierkv.formats.value import ObjectMeta, Payload, encode_value, payload_view
-from tierkv.keys import FLEET_CURSOR_KEY
+from tierkv.keys import FLEET_CURSOR_KEY, UNPUBLISHED_KEY
 
 if TYPE_CHECKING:
     from tierkv.tiers.redis import RedisTier
@@ -49,8 +56,8 @@ Forget = Callable[[bytes], Awaitable[int]]
 
 
 class Shared:
-    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_unpublished",
-                 "index", "tier")
+    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_stopped",
+                 "_unpublished", "index", "tier")
 
     def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
         self._st = state
@@ -66,6 +73,7 @@ class Shared:
         #: published again once it answers (`tick`), and the task doing that
         self._unpublished: dict[bytes, None] = {}
         self._republishing: asyncio.Task[None] | None = None
+        self._stopped = False
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
@@ -78,6 +86,7 @@ class Shared:
         self._forget = forget
         fleet = self.tier.fleet
         fleet.set_listeners(self._remote, self._history_lost)  # first: no entry slips between
+        await self._load_unpublished()
         if not len(self._st.index):
             return
         saved = await self._saved_cursor()
@@ -115,22 +124,53 @@ class Shared:
         durable = st.scheduler.durable_tier(_CURSOR.size)
         if durable is None:
             return  # nothing persistent: nothing to recover, nothing to describe
-        meta, payload = encode_value(_CURSOR.pack(self.tier.fleet.cursor))
-        meta = meta.with_generation(st.index.new_entry(FLEET_CURSOR_KEY, meta).generation)
-        previous = st.own.get(FLEET_CURSOR_KEY, [])
+        unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
+                       if self._unpublished else None)
         try:
-            await st.guards[durable].write(st.tiers[durable].put, FLEET_CURSOR_KEY, meta,
-                                           payload)
-            st.own[FLEET_CURSOR_KEY] = [durable]
-            for older in previous:
-                if older != durable:
-                    await st.guards[older].delete(st.tiers[older].delete, FLEET_CURSOR_KEY)
+            await self._keep(durable, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor))
+            await self._keep(durable, UNPUBLISHED_KEY, unpublished)
             await st.commits[durable].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
             log.warning("could not keep the fleet cursor: %s", exc)
 
+    async def _keep(self, durable: int, key: bytes, data: bytes | None) -> None:
+        """Write `data` under the engine key `key` into `durable` (None: keep nothing), then
+        delete the older copies; `own` lists every copy still on media (one a failed delete
+        left is read again at the next open, where the newest wins)."""
+        st = self._st
+        held = list(st.own.get(key, []))
+        if data is not None:
+            meta, payload = encode_value(data)
+            meta = meta.with_generation(st.index.new_entry(key, meta).generation)
+            await st.guards[durable].write(st.tiers[durable].put, key, meta, payload)
+            held = [durable, *(tier for tier in held if tier != durable)]
+            st.own[key] = held
+        for older in [tier for tier in held if data is None or tier != durable]:
+            await st.guards[older].delete(st.tiers[older].delete, key)
+            held.remove(older)
+            st.own[key] = held
+        if not held:
+            st.own.pop(key, None)
+
+    async def _load_unpublished(self) -> None:
+        """At open: the invalidations an earlier run kept unpublished (`save_cursor`), to be
+        published once the server answers (`tick`)."""
+        st = self._st
+        for where in st.own.get(UNPUBLISHED_KEY, []):
+            try:
+                got = await st.guards[where].read(st.tiers[where].get, UNPUBLISHED_KEY)
+                if got is None:
+                    continue
+                keys = decode_tombstones(payload_view(got[1]), UNPUBLISHED_MAGIC)
+            except (DeviceError, CorruptObjectError) as exc:
+                log.warning("the invalidations kept unpublished at the last close are "
+                            "unreadable: %s", exc)
+                continue
+            self._keep_unpublished(list(keys))
+
     async def stop(self) -> None:
         """Stop following the fleet's log (close): no invalidation runs into closing tiers."""
+        self._stopped = True  # and no kept invalidation is sent again (`tick`)
         if self.tier is not None and self.tier.fleet is not None:
             self.tier.fleet.set_listeners(None, None)
             await self.tier.fleet.stop()
@@ -258,8 +298,9 @@ class Shared:
 
     def tick(self) -> None:
         """Publish the kept invalidations again, in the background (the health watch calls it
-        every second; one attempt at a time, none while the tier's breaker is open)."""
-        if (not self._unpublished or self.index is None
+        every second; one attempt at a time, none while the tier's breaker is open, none once
+        the engine closes: what is kept then is saved for the next open, `save_cursor`)."""
+        if (not self._unpublished or self.index is None or self._stopped
                 or (self._republishing is not None and not self._republishing.done())
                 or not self._st.scheduler.usable[self.index] or self._st.closing):
             return

@@ -10,6 +10,10 @@ exactly ``magic, count, count times (bound, key length, key)`` fails to decode.
     magic   4 bytes  b"TKTB"
     count   u32
     entries count times (bound u64, key length u16, key bytes)
+
+The same layout under another magic (`UNPUBLISHED_MAGIC`, every bound 0) holds the keys whose
+invalidation the shared tier's server has not taken yet, kept across a restart
+(`tierkv.engine._shared`).
 """
 
 from __future__ import annotations
@@ -20,15 +24,16 @@ from collections.abc import Mapping
 from tierkv.errors import CorruptObjectError
 
 MAGIC = b"TKTB"
+UNPUBLISHED_MAGIC = b"TKUP"
 _HEAD = struct.Struct("<4sI")
 _ENTRY = struct.Struct("<QH")
 #: longest key a record holds (canonical keys are far shorter)
 MAX_KEY = 0xFFFF
 
 
-def encode_tombstones(bounds: Mapping[bytes, int]) -> bytes:
+def encode_tombstones(bounds: Mapping[bytes, int], magic: bytes = MAGIC) -> bytes:
     """The record of `bounds` (key → generation bound), keys in sorted order."""
-    parts = [_HEAD.pack(MAGIC, len(bounds))]
+    parts = [_HEAD.pack(magic, len(bounds))]
     for key in sorted(bounds):
         if len(key) > MAX_KEY:
             raise ValueError(f"a tombstone's key is longer than {MAX_KEY} bytes")
@@ -37,13 +42,15 @@ def encode_tombstones(bounds: Mapping[bytes, int]) -> bytes:
     return b"".join(parts)
 
 
-def decode_tombstones(data: bytes | bytearray | memoryview) -> dict[bytes, int]:
-    """The bounds a record holds; `CorruptObjectError` unless `data` is exactly one record."""
+def decode_tombstones(data: bytes | bytearray | memoryview, magic: bytes = MAGIC
+                      ) -> dict[bytes, int]:
+    """The bounds a record holds; `CorruptObjectError` unless `data` is exactly one record
+    under `magic`."""
     view = memoryview(data).cast("B")
     if len(view) < _HEAD.size:
         raise CorruptObjectError("tombstone record: shorter than its head")
-    magic, count = _HEAD.unpack_from(view)
-    if magic != MAGIC:
+    found, count = _HEAD.unpack_from(view)
+    if found != magic:
         raise CorruptObjectError("tombstone record: not a tombstone record (magic)")
     bounds: dict[bytes, int] = {}
     offset = _HEAD.size
