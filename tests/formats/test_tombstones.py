@@ -43,3 +43,14 @@ def test_trailing_bytes_a_foreign_magic_and_a_repeated_key_are_refused() -> None
 def test_a_key_too_long_for_the_layout_is_refused_when_encoding() -> None:
     with pytest.raises(ValueError, match="longer than"):
         encode_tombstones({b"k" * (MAX_KEY + 1): 1})
+
+
+def test_a_record_is_read_only_under_its_own_magic() -> None:
+    from tierkv.formats.tombstones import UNPUBLISHED_MAGIC
+
+    keys = encode_tombstones({b"a": 0, b"b": 0}, UNPUBLISHED_MAGIC)
+    assert decode_tombstones(keys, UNPUBLISHED_MAGIC) == {b"a": 0, b"b": 0}
+    with pytest.raises(CorruptObjectError, match="magic"):
+        decode_tombstones(keys)  # never taken for tombstones, nor tombstones for keys
+    with pytest.raises(CorruptObjectError, match="magic"):
+        decode_tombstones(encode_tombstones({b"a": 1}), UNPUBLISHED_MAGIC)
