@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._executor import MoveExecutor
+from tierkv.engine._own import keep_own, read_own
 from tierkv.engine._state import EngineState
 from tierkv.errors import (
     CorruptObjectError,
@@ -38,7 +39,7 @@ from tierkv.errors import (
 )
 from tierkv.formats.shared_record import SharedRecord
 from tierkv.formats.tombstones import UNPUBLISHED_MAGIC, decode_tombstones, encode_tombstones
-from tierkv.formats.value import ObjectMeta, Payload, encode_value, payload_view
+from tierkv.formats.value import ObjectMeta, Payload
 from tierkv.keys import FLEET_CURSOR_KEY, UNPUBLISHED_KEY
 
 if TYPE_CHECKING:
@@ -102,18 +103,10 @@ class Shared:
             await forget(key)
 
     async def _saved_cursor(self) -> int | None:
-        st = self._st
-        newest: tuple[int, int] | None = None  # (generation, cursor) of the newest copy
-        for where in st.own.get(FLEET_CURSOR_KEY, []):
-            try:
-                got = await st.guards[where].read(st.tiers[where].get, FLEET_CURSOR_KEY)
-            except DeviceError:
-                continue
-            if got is None or got[0].nbytes != _CURSOR.size:
-                continue
-            found = (got[0].generation, int(_CURSOR.unpack(payload_view(got[1]))[0]))
-            newest = found if newest is None else max(newest, found)
-        return None if newest is None else newest[1]
+        copies = [(meta.generation, int(_CURSOR.unpack(payload)[0]))
+                  for meta, payload in await read_own(self._st, FLEET_CURSOR_KEY)
+                  if meta.nbytes == _CURSOR.size]
+        return max(copies)[1] if copies else None  # the newest copy's
 
     async def save_cursor(self) -> None:
         """Keep this engine's position in the fleet's log in the first persistent tier, beside
@@ -127,42 +120,19 @@ class Shared:
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
                        if self._unpublished else None)
         try:
-            await self._keep(durable, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor))
-            await self._keep(durable, UNPUBLISHED_KEY, unpublished)
+            await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor), durable)
+            await keep_own(st, UNPUBLISHED_KEY, unpublished, durable)
             await st.commits[durable].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
             log.warning("could not keep the fleet cursor: %s", exc)
 
-    async def _keep(self, durable: int, key: bytes, data: bytes | None) -> None:
-        """Write `data` under the engine key `key` into `durable` (None: keep nothing), then
-        delete the older copies; `own` lists every copy still on media (one a failed delete
-        left is read again at the next open, where the newest wins)."""
-        st = self._st
-        held = list(st.own.get(key, []))
-        if data is not None:
-            meta, payload = encode_value(data)
-            meta = meta.with_generation(st.index.new_entry(key, meta).generation)
-            await st.guards[durable].write(st.tiers[durable].put, key, meta, payload)
-            held = [durable, *(tier for tier in held if tier != durable)]
-            st.own[key] = held
-        for older in [tier for tier in held if data is None or tier != durable]:
-            await st.guards[older].delete(st.tiers[older].delete, key)
-            held.remove(older)
-            st.own[key] = held
-        if not held:
-            st.own.pop(key, None)
-
     async def _load_unpublished(self) -> None:
         """At open: the invalidations an earlier run kept unpublished (`save_cursor`), to be
         published once the server answers (`tick`)."""
-        st = self._st
-        for where in st.own.get(UNPUBLISHED_KEY, []):
+        for _meta, payload in await read_own(self._st, UNPUBLISHED_KEY):
             try:
-                got = await st.guards[where].read(st.tiers[where].get, UNPUBLISHED_KEY)
-                if got is None:
-                    continue
-                keys = decode_tombstones(payload_view(got[1]), UNPUBLISHED_MAGIC)
-            except (DeviceError, CorruptObjectError) as exc:
+                keys = decode_tombstones(payload, UNPUBLISHED_MAGIC)
+            except CorruptObjectError as exc:
                 log.warning("the invalidations kept unpublished at the last close are "
                             "unreadable: %s", exc)
                 continue

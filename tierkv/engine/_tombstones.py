@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 
 from tierkv.engine._copies import CopyOps
+from tierkv.engine._own import keep_own, read_own
 from tierkv.engine._state import EngineState
 from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
 from tierkv.formats.tombstones import decode_tombstones, encode_tombstones
-from tierkv.formats.value import encode_value, payload_view
 from tierkv.keys import TOMBSTONES_KEY
 
 log = logging.getLogger("tierkv.engine")
@@ -98,51 +98,37 @@ class Tombstones:
 
     async def _record(self, bounds: dict[bytes, int]) -> None:
         st = self._st
-        previous = st.own.pop(TOMBSTONES_KEY, [])
-        kept: list[int] = []
+        if not bounds:  # nothing refused any more: the older records are void
+            await keep_own(st, TOMBSTONES_KEY, None)
+            self._recorded = bounds
+            return
+        record = encode_tombstones(bounds)
         failure: TierKVError | None = None
-        if bounds:
-            meta, payload = encode_value(encode_tombstones(bounds))
-            meta = meta.with_generation(st.index.new_entry(TOMBSTONES_KEY, meta).generation)
-            for tier, device in enumerate(st.tiers):
-                if not device.persistent or device.shared or not st.scheduler.usable[tier]:
-                    continue
-                try:
-                    await st.guards[tier].write(device.put, TOMBSTONES_KEY, meta, payload)
-                except TierKVError as exc:
-                    failure = exc
-                    continue
-                kept.append(tier)
-                break
-            else:
-                st.own[TOMBSTONES_KEY] = previous  # the older records still hold true
-                raise DeviceError(
-                    f"{len(bounds)} deletes that a device refused could not be recorded in any "
-                    "persistent tier: those objects may come back after a restart") from failure
-        for tier in previous:  # an older record: its bounds are all in the new one, or void
-            if tier in kept:
+        for tier, device in enumerate(st.tiers):
+            if not device.persistent or device.shared or not st.scheduler.usable[tier]:
                 continue
             try:
-                await st.guards[tier].delete(st.tiers[tier].delete, TOMBSTONES_KEY)
-            except TierKVError:
-                kept.append(tier)  # it stays true (generations only grow); read again at open
-        if kept:
-            st.own[TOMBSTONES_KEY] = kept
-        self._recorded = bounds
+                # an older record left behind stays true (generations only grow)
+                await keep_own(st, TOMBSTONES_KEY, record, tier)
+            except TierKVError as exc:
+                failure = exc
+                continue
+            self._recorded = bounds
+            return
+        raise DeviceError(
+            f"{len(bounds)} deletes that a device refused could not be recorded in any "
+            "persistent tier: those objects may come back after a restart") from failure
 
     async def recover(self) -> None:
         """At open: apply the tombstones recorded by earlier runs to what the tiers recovered."""
         st = self._st
         found: dict[bytes, int] = {}
-        for tier in st.own.get(TOMBSTONES_KEY, []):
+        for _meta, payload in await read_own(st, TOMBSTONES_KEY):
             try:
-                got = await st.guards[tier].read(st.tiers[tier].get, TOMBSTONES_KEY)
-                if got is None:
-                    raise CorruptObjectError("the record is no longer there")
-                bounds = decode_tombstones(payload_view(got[1]))
-            except (DeviceError, CorruptObjectError) as exc:
-                log.warning("tier %s: the record of refused deletes is unreadable (%s): objects "
-                            "deleted while a device refused may come back", st.names[tier], exc)
+                bounds = decode_tombstones(payload)
+            except CorruptObjectError as exc:
+                log.warning("the record of refused deletes is unreadable (%s): objects deleted "
+                            "while a device refused may come back", exc)
                 continue
             for key, bound in bounds.items():
                 found[key] = max(found.get(key, 0), bound)
