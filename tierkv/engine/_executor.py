@@ -9,7 +9,10 @@ demotions that would make the room sat behind them, until each timed out. A work
 is never cancelled because some caller stopped waiting; `drain` waits until every plan submitted
 has ended (settle, close), `stop` ends the workers. What each plan does is `_moves`; a failure
 is logged and counted, and the plan's object is set at the young end of its tier's policy so
-that the evictor tries other victims before it again.
+that the evictor tries other victims before it again. A demotion out of a persistent tier lets
+go of its worker once its copy is written (`_moves.Settling`): its wait for the target's flush
+runs as a task of its own, counted in flight until it ends (the evictor's `leaving` bounds how
+many there are).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from tierkv.engine._moves import Moves
+from tierkv.engine._moves import Moves, Settling
 from tierkv.engine._state import EngineState
 from tierkv.engine._tracing import current_call
 from tierkv.errors import TierKVError
@@ -57,6 +60,8 @@ class MoveExecutor:
         self._idle = asyncio.Event()
         self._idle.set()
         self._workers: list[asyncio.Task[None]] = []
+        #: demotions waiting for their target's flush (strong references until they end)
+        self._settling: set[asyncio.Task[None]] = set()
         #: plans submitted and not yet ended (queued or running)
         self.in_flight = 0
 
@@ -100,28 +105,51 @@ class MoveExecutor:
 
     async def _run(self, plan: Plan, background: bool, done: Done | None,
                    parent: Span | None) -> None:
-        st = self._st
-        carried_out = failed = False
+        outcome: bool | Settling | None = None
         try:
-            carried_out = await self._moves.run(plan, background=background, parent=parent)
+            outcome = await self._attempt(
+                self._moves.run(plan, background=background, parent=parent), plan)
+        finally:
+            if isinstance(outcome, Settling):
+                task = asyncio.get_running_loop().create_task(self._settle(outcome, plan, done))
+                self._settling.add(task)
+                task.add_done_callback(self._settling.discard)
+            else:
+                self._ended(plan, done, outcome)
+
+    async def _settle(self, settling: Settling, plan: Plan, done: Done | None) -> None:
+        outcome = None
+        try:
+            outcome = await self._attempt(self._moves.settle(settling), plan)
+        finally:
+            self._ended(plan, done, outcome)
+
+    async def _attempt(self, move: Awaitable[bool | Settling],
+                       plan: Plan) -> bool | Settling | None:
+        """`move`'s outcome; ``None`` if it failed (logged, counted)."""
+        st = self._st
+        try:
+            return await move
         except TierKVError as exc:
-            failed = True
             st.counters.moves_failed += 1
             log.warning("moving an object failed, it stays where it was: %s", exc)
             tier = plan.source if isinstance(plan, Promote | Share) else departs_from(plan)
             st.scheduler.accessed(tier, plan.key, st.now())
         except Exception:  # a defect: keep the worker, say where
-            failed = True
             st.counters.moves_failed += 1
             log.exception("a move failed unexpectedly; the object stays where it was")
-        finally:
-            self.in_flight -= 1
-            if not self.in_flight:
-                self._idle.set()
-            entry = st.index.get(plan.key)
-            if entry is not None and entry.generation == plan.generation:
-                entry.moving = False
-            if not carried_out and not failed:
-                st.counters.moves_discarded += 1
-            if done is not None:
-                done(carried_out)
+        return None
+
+    def _ended(self, plan: Plan, done: Done | None, outcome: bool | Settling | None) -> None:
+        """A plan's last step, whichever way it ended (``None``: failed or cancelled)."""
+        st = self._st
+        self.in_flight -= 1
+        if not self.in_flight:
+            self._idle.set()
+        entry = st.index.get(plan.key)
+        if entry is not None and entry.generation == plan.generation:
+            entry.moving = False
+        if outcome is False:
+            st.counters.moves_discarded += 1
+        if done is not None:
+            done(outcome is True)

@@ -8,10 +8,17 @@ The object stays readable from its source until the target copy is committed; th
 goes last, and when the source was persistent only after the target's copy is on media (a
 flush of the target, shared with other moves and puts through group commit). A move that fails
 leaves the source in place.
+
+A demotion out of a persistent tier comes back from `run` as `Settling` once its target copy is
+committed: the wait for the target's flush holds neither the key (a put or delete of it goes on
+meanwhile) nor one of the executor's workers (so the workers keep copying while flushes run, and
+one flush covers many demotions instead of one per worker); `settle` then waits, takes the key
+again and drops the source if the entry is still the one moved.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierkv.engine._copies import CopyOps
@@ -25,6 +32,16 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
 
+@dataclass(slots=True, eq=False)
+class Settling:
+    """A demotion whose target copy is committed but maybe not yet on media; its source (the
+    persistent copy) stays until `Moves.settle` has seen the target flushed."""
+
+    entry: IndexEntry
+    plan: Demote
+    placed: int
+
+
 class Moves:
     __slots__ = ("_copies", "_st")
 
@@ -32,8 +49,10 @@ class Moves:
         self._st = state
         self._copies = copies
 
-    async def run(self, plan: Plan, *, background: bool, parent: Span | None = None) -> bool:
-        """Carry out `plan`; False if it was discarded (the object changed or was busy).
+    async def run(self, plan: Plan, *, background: bool,
+                  parent: Span | None = None) -> bool | Settling:
+        """Carry out `plan`; False if it was discarded (the object changed or was busy), a
+        `Settling` for `settle` when what remains is to wait for the target's flush.
         A copy waits for its bytes in the budgets first: every move's in `budget`, a
         `background` one's (no write waits for it) in `background_budget` too. Traced as a
         child of `parent`, the span of the call that planned it, if any (`_tracing`)."""
@@ -42,10 +61,11 @@ class Moves:
             return await self._run(plan, background)
         with tracing.move(plan, background, parent) as span:
             moved = await self._run(plan, background)
-            span.set_attribute("tierkv.moved", moved)
+            span.set_attribute("tierkv.moved", moved is not False)
+            span.set_attribute("tierkv.waits_for_flush", isinstance(moved, Settling))
             return moved
 
-    async def _run(self, plan: Plan, background: bool) -> bool:
+    async def _run(self, plan: Plan, background: bool) -> bool | Settling:
         st = self._st
         if isinstance(plan, Demote | Promote | Share):
             if background and st.background_budget.rate is not None:
@@ -78,7 +98,7 @@ class Moves:
         st.counters.evictions[st.names[tier]] += 1
         return True
 
-    async def _demote(self, entry: IndexEntry, plan: Demote, claim: Claim) -> bool:
+    async def _demote(self, entry: IndexEntry, plan: Demote, claim: Claim) -> bool | Settling:
         st = self._st
         source = plan.source
         if source not in entry.locations:
@@ -95,17 +115,38 @@ class Moves:
         st.counters.moved_bytes += plan.nbytes
         if st.tiers[source].persistent:
             # the source is the only durable copy until the target's is on media too
-            await st.commits[placed].sync()
+            return Settling(entry, plan, placed)
+        await self._copies.remove(entry, source, claim)
+        self._demoted(plan, placed)
+        return True
+
+    async def settle(self, settling: Settling) -> bool:
+        """Finish a demotion out of a persistent tier: wait until a flush of the target covers
+        its copy, then drop the source, unless the entry changed meanwhile (then whatever
+        changed it dealt with both copies). A failed flush raises and keeps the source."""
+        st = self._st
+        entry, plan, placed = settling.entry, settling.plan, settling.placed
+        await st.commits[placed].sync()
+        async with st.keys.hold(plan.key) as claim:
+            if st.index.get(plan.key) is not entry or entry.detached:
+                return False
             if placed not in entry.locations:
                 # a failed write dropped the target's copy, its error raised to an earlier
                 # flush: the one that returned here covered none of it
                 return False
-        await self._copies.remove(entry, source, claim)
+            if plan.source not in entry.locations:
+                return False
+            await self._copies.remove(entry, plan.source, claim)
+        self._demoted(plan, placed)
+        return True
+
+    def _demoted(self, plan: Demote, placed: int) -> None:
+        st = self._st
+        source = plan.source
         st.counters.demotions[st.names[placed]] += 1
         st.counters.demoted_bytes[st.names[placed]] += plan.nbytes
         st.read_bytes[source] += plan.nbytes
         st.counters.evictions[st.names[source]] += 1
-        return True
 
     async def _promote(self, entry: IndexEntry, plan: Promote, claim: Claim) -> bool:
         st = self._st
