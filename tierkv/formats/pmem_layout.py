@@ -26,7 +26,10 @@ allocated, the old one not yet freed), recovery keeps the higher (generation, se
 **Space.** The tier allocates through its own allocation classes (`SIZE_CLASSES`): unit sizes on
 a grid of four steps per doubling, from 256 B up to 8 MiB; from 16 KiB on every unit has
 `UNIT_HEADROOM` added so that a power-of-two payload plus its record header fits the class of its
-size instead of the next one. Larger records are PMDK "huge" allocations rounded to 256 KiB
+size instead of the next one; and the power-of-two payloads from 4 KiB to 64 KiB (what KV blocks
+of most models are) have a *snug* class each, with only `SNUG_HEADROOM` for the record's prefix
+and header, since 1 KiB is 6 % of a 16 KiB block (a record whose header is longer, a key with
+many parents, takes the grid's class). Larger records are PMDK "huge" allocations rounded to 256 KiB
 chunks. The footprint of a record is its whole unit (PMDK's 16-byte allocation header included).
 The pool file is `pool_size_for(capacity)`: capacity + PMDK's fixed metadata (4 MiB, plus 1 MiB
 per 16 GiB zone) + one run of every class (a class holds on to one partly used run even when
@@ -70,6 +73,13 @@ ZONE = 16 << 30
 FIXED_METADATA = 4 << 20
 ZONE_METADATA = 1 << 20
 UNIT_HEADROOM = 1 << 10
+#: payload sizes with a class of their own (above 64 KiB the grid's headroom costs under 1 %)
+SNUG_PAYLOADS = tuple(1 << shift for shift in range(12, 17))
+#: what a snug class leaves beside its payload: PMDK's 16-byte allocation header and the 256
+#: bytes the tier allows for the record prefix and object header when it sizes an object
+#: (`tiers.pmem.tier.HEADER_ALLOWANCE`; a 32-byte key with one parent takes 133), rounded to a
+#: cache line
+SNUG_HEADROOM = 320
 _GRID_MIN = 256
 _GRID_MAX = 8 << 20
 _RUN_TARGET = 1 << 20
@@ -201,8 +211,26 @@ def _run_bytes(unit: int, units: int) -> int:
     return _round_up(unit * units + _run_metadata(units), CHUNK)
 
 
+def _fitted(base: int) -> SizeClass:
+    """The class for units of at least `base` bytes: the unit count whose run wastes least per
+    unit, the unit then grown to fill the run."""
+    limit = _RUN_TARGET if base < CHUNK else 4 * _RUN_TARGET
+    count = min(range(1, max(1, limit // base) + 1), key=lambda n: (_run_bytes(base, n) / n, n))
+    room = _run_bytes(base, count) - _run_metadata(count)
+    return SizeClass(room // count // 64 * 64, count)
+
+
+def _snug(unit: int) -> SizeClass:
+    """A class of exactly `unit`-byte units: the fewest per run (a run of up to 8 MiB) that
+    waste at most 1/64 of each on the run's rounding to chunks, else the least wasteful."""
+    counts = range(1, max(1, 8 * _RUN_TARGET // unit) + 1)
+    snug = [n for n in counts if _run_bytes(unit, n) <= n * unit * 65 // 64]
+    count = snug[0] if snug else min(counts, key=lambda n: (_run_bytes(unit, n) / n, n))
+    return SizeClass(unit, count)
+
+
 def _build_classes() -> tuple[SizeClass, ...]:
-    classes: list[SizeClass] = []
+    grid: list[SizeClass] = []
     step = 0
     while True:
         base = _round_up(int(_GRID_MIN * 2 ** (step / 4)), 64)
@@ -210,15 +238,14 @@ def _build_classes() -> tuple[SizeClass, ...]:
         if base >= 16 << 10:
             base += UNIT_HEADROOM
         if base > _GRID_MAX + UNIT_HEADROOM:
-            return tuple(classes)
-        limit = _RUN_TARGET if base < CHUNK else 4 * _RUN_TARGET
-        # the unit count whose run wastes least per unit; the unit then grows to fill the run
-        count = min(range(1, max(1, limit // base) + 1),
-                    key=lambda n: (_run_bytes(base, n) / n, n))
-        room = _run_bytes(base, count) - _run_metadata(count)
-        unit = room // count // 64 * 64
-        if not classes or unit > classes[-1].unit:
-            classes.append(SizeClass(unit, count))
+            break
+        cls = _fitted(base)
+        if not grid or cls.unit > grid[-1].unit:
+            grid.append(cls)
+    snug = [_snug(payload + SNUG_HEADROOM) for payload in SNUG_PAYLOADS]
+    units = {cls.unit for cls in grid}
+    return tuple(sorted(grid + [cls for cls in snug if cls.unit not in units],
+                        key=lambda cls: cls.unit))
 
 
 SIZE_CLASSES = _build_classes()
