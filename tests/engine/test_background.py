@@ -240,3 +240,44 @@ async def test_demotions_into_a_full_middle_tier_never_wait_behind_each_other(
         assert stats["moves_failed"] == 0 and stats["space_timeouts"] == 0
         assert stats["expired"] > 0
         assert await kv.get(b"k5.399") == value
+
+
+@pytest.mark.pmem
+async def test_demotions_out_of_pmem_share_the_log_flushes_they_wait_for(tmp_path: Path) -> None:
+    """pmem → nvme demotions wait for the log's flush before dropping their durable source,
+    and each log flush is slowed to 200 ms: with one worker for the pool's departures, a wait
+    inside the worker cost one flush per object; now the worker lets go while the flush runs,
+    so the flushes are far fewer than the demotions. What was put reads back byte for byte,
+    across a reopen."""
+    from tierkv.testing.faults import FaultPlan, open_with_faults
+
+    config = {
+        "scheduler": {"background_bandwidth": "off", "migration_concurrency": 1},
+        "tiers": [
+            {"name": "pmem", "kind": "pmem", "path": str(tmp_path / "p.pool"),
+             "capacity": "8MiB", "format": True},
+            {"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
+             "capacity": "32MiB", "region_size": "1MiB", "queue_depth": 8, "format": True},
+        ],
+    }
+    plan = FaultPlan()
+    plan.add("nvme", "latency", rate=1.0, arg=0.2, ops=["flush"])
+    values = {b"k%d" % i: os.urandom(64 * KiB) for i in range(200)}
+    kv = await open_with_faults(config, plan)
+    try:
+        for key, value in values.items():
+            await kv.put(key, value)
+        await asyncio.wait_for(kv.settle(), 60)
+        stats = kv.stats()["engine"]
+        demoted = stats["demotions"]["nvme"]
+        assert demoted >= 60  # 12.8 MiB into an 8 MiB pool
+        assert stats["moves_failed"] == 0 and stats["space_timeouts"] == 0
+        assert stats["group_commits"]["nvme"]["flushes"] * 4 <= demoted
+        for key, value in values.items():
+            assert await kv.get(key) == value
+    finally:
+        plan.enabled = False
+        await kv.close()
+    async with tierkv.open(config) as reopened:
+        for key, value in values.items():
+            assert await reopened.get(key) == value
