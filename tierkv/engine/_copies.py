@@ -107,7 +107,13 @@ class CopyOps:
         device, space, nbytes = st.tiers[tier], st.spaces[tier], entry.nbytes
         deadline: float | None = None
         while True:
-            if device.reclaims_space or device.fits(nbytes):
+            # room a departure freed for writers it woke is theirs: a writer that came later and
+            # took it sent them back to wait behind it, again and again, until some waited out
+            # `space_timeout` with the tier busy (queueing behind writers not woken yet would
+            # make a convoy instead: they wait for a departure, which a tier with room never
+            # makes)
+            if device.reclaims_space or (device.fits(nbytes)
+                                         and (deadline is not None or not space.promised)):
                 claim.mark(tier)
                 try:
                     await st.guards[tier].write(device.put, entry.key, entry.meta, payload)

@@ -31,6 +31,10 @@ from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
+#: seconds the flush a settling demotion asks for may wait for more demotions (`_commit`): the
+#: source is only kept a little longer, while the target's writes go on between flushes
+SETTLE_LINGER = 0.025
+
 
 @dataclass(slots=True, eq=False)
 class Settling:
@@ -126,7 +130,7 @@ class Moves:
         changed it dealt with both copies). A failed flush raises and keeps the source."""
         st = self._st
         entry, plan, placed = settling.entry, settling.plan, settling.placed
-        await st.commits[placed].sync()
+        await st.commits[placed].sync(linger=SETTLE_LINGER)
         async with st.keys.hold(plan.key) as claim:
             if st.index.get(plan.key) is not entry or entry.detached:
                 return False

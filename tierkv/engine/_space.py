@@ -69,6 +69,11 @@ class TierSpace:
         return bool(self._waiters)
 
     @property
+    def promised(self) -> bool:
+        """Whether writers were woken to take room and have not run yet."""
+        return self._woken > 0
+
+    @property
     def wanted(self) -> bool:
         """Whether writers wait for room, or were just woken to take it: background moves
         (promotions) must leave the room alone then."""
