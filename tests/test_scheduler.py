@@ -123,7 +123,7 @@ def test_expired_plans_cover_only_idle_unprotected_copies() -> None:
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_a_hit_below_earns_a_promotion_to_the_top(enabled: bool) -> None:
-    scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled))
+    scheduler = Scheduler(hierarchy(), SchedulerConfig(promote_on_hit=enabled, exclusive=True))
     below = Obj(b"k", locations=[2])
     # out of the log (which reclaims space itself) the copy stays: deleting it frees nothing
     expected = Promote(b"k", 1, 10, 2, 0, exclusive=False) if enabled else None

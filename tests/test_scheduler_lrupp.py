@@ -381,7 +381,7 @@ def test_demotions_into_a_persistent_tier_pass_the_admission_filter() -> None:
 # -- promotion on hit ------------------------------------------------------------------------
 def test_a_hit_below_is_promoted_when_the_top_tier_has_room_or_it_outranks_the_top() -> None:
     tiers = [Shape(50), Shape(1000, persistent=True)]
-    scheduler = lrupp(tiers, alpha=1.0, beta=0.01)
+    scheduler = lrupp(tiers, alpha=1.0, beta=0.01, exclusive=True)
     for i in range(5):
         scheduler.admitted(0, b"top%d" % i, 100.0)
     scheduler.admitted(1, b"cold", 0.0)
@@ -403,7 +403,7 @@ def test_a_hit_below_is_promoted_when_the_top_tier_has_room_or_it_outranks_the_t
 
 def test_the_lru_baseline_promotes_every_hit_below_even_into_a_full_top() -> None:
     tiers = [Shape(50, used=50), Shape(1000, persistent=True)]
-    scheduler = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRU))
+    scheduler = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRU, exclusive=True))
     scheduler.admitted(0, b"top", 100.0)
     scheduler.admitted(1, b"cold", 0.0)
     assert scheduler.on_hit(Obj(b"cold", locations=[1]), 1) == Promote(
@@ -412,8 +412,9 @@ def test_the_lru_baseline_promotes_every_hit_below_even_into_a_full_top() -> Non
 
 
 def test_inclusive_promotions_keep_the_lower_copy() -> None:
+    """Inclusive is the default: a read never moves a flushed object off persistent media."""
     tiers = [Shape(50), Shape(1000, persistent=True)]
-    scheduler = lrupp(tiers, exclusive=False)
+    scheduler = lrupp(tiers)
     scheduler.admitted(1, b"k", 0.0)
     plan = scheduler.on_hit(Obj(b"k", locations=[1]), 1)
     assert plan == Promote(b"k", 1, 10, 1, 0, exclusive=False)
@@ -425,7 +426,7 @@ def test_inclusive_promotions_keep_the_lower_copy() -> None:
 
 def test_a_promotion_out_of_a_tier_that_reclaims_space_always_copies() -> None:
     """Deleting in the nvme log frees nothing until its region is reclaimed: the copy stays."""
-    scheduler = lrupp(three_tiers())
+    scheduler = lrupp(three_tiers(), exclusive=True)
     scheduler.admitted(2, b"k", 0.0)
     below = Obj(b"k", locations=[2])
     assert scheduler.on_hit(below, 2) == Promote(b"k", 1, 10, 2, 0, exclusive=False)

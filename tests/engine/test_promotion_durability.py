@@ -1,8 +1,8 @@
-"""With `scheduler.exclusive = false` a `flush()` holds across later reads (write-back): a read
-that promotes a flushed object out of the pmem pool into the first tier keeps the pool's copy,
-so a `kill -9` after the reads loses nothing the flush covered (README, durability: with the
-default `exclusive = true` the promoted object is volatile until the next flush). Byte-for-byte
-check after the reopen, with a real SIGKILL of a child process."""
+"""A `flush()` holds across later reads (write-back, the default `scheduler.exclusive = false`):
+a read that promotes a flushed object out of the pmem pool into the first tier keeps the pool's
+copy, so a `kill -9` after the reads loses nothing the flush covered (README, durability: with
+`exclusive = true` the promoted object is volatile until the next flush). Byte-for-byte check
+after the reopen, with a real SIGKILL of a child process."""
 
 from __future__ import annotations
 
@@ -68,7 +68,6 @@ def run_child_until_read(cfg: dict[str, Any]) -> dict[str, Any]:
 async def test_a_flush_holds_across_the_promotions_of_later_reads(tmp_path: Path) -> None:
     cfg = hierarchy_config(tmp_path, ("gpu", "pmem"), gpu={"capacity": 256 * KiB,
                                                            "slot_size": 32 * KiB, "ttl": "60s"})
-    cfg["scheduler"] = {"exclusive": False}
     reported = run_child_until_read(cfg)
     assert reported["promotions"] == {"gpu": 4}  # the reads did move objects up
     async with tierkv.open(cfg) as reopened:

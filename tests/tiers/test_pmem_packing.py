@@ -141,9 +141,9 @@ async def test_mixed_snug_and_grid_sizes_survive_a_reopen(tmp_path: Path) -> Non
     tier = tier_at(tmp_path)
     await tier.open()
     try:
+        stored = {i: os.urandom(size) for i, size in enumerate(sizes)}
         for i, size in enumerate(sizes):
-            await tier.put(block(i), meta_of(i, size), os.urandom(size))
-        stored = {i: bytes((await tier.get(block(i)))[1]) for i in range(len(sizes))}
+            await tier.put(block(i), meta_of(i, size), stored[i])
     finally:
         await tier.close()
     tier = tier_at(tmp_path)

@@ -226,7 +226,7 @@ class SchedulerConfig:
     prefetch_depth: int = 4
     #: a promotion moves the object up (the lower copy goes), so the tiers' capacities add up;
     #: false keeps the lower copy (inclusive). Write-through engines always keep it.
-    exclusive: bool = True
+    exclusive: bool = False
 
 
 @dataclass(frozen=True, slots=True)
