@@ -78,18 +78,22 @@ def run_writer(directory: Path, policy: str, args: Sequence[object], *,
         timer.cancel()
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
-        # what it printed before the kill was acknowledged too
-        for line in process.stdout:
-            run.done = run.done or consume(run, line)
-        process.stdout.close()
+        try:
+            # what it printed before the kill was acknowledged too
+            for line in process.stdout:
+                run.done = run.done or consume(run, line)
+        finally:
+            process.stdout.close()
     run.stderr = log_path.read_text()[-3000:]
     return run
 
 
 def consume(run: WriterRun, line: str) -> bool:
-    """Record one line of the writer; whether it was ``DONE``."""
+    """Record one line of the writer; whether it was ``DONE``. A last line without its newline
+    was cut by the kill: it says nothing (``PUT 12`` cut to ``PUT 1`` would name another
+    object)."""
     words = line.split()
-    if not words:
+    if not words or not line.endswith("\n"):
         return False
     if words[0] == "ACK":
         run.acked.update(int(w) for w in words[1:])
