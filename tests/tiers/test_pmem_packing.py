@@ -67,10 +67,10 @@ async def assert_holds(tier: PmemTier, blocks: list[int], nbytes: int) -> None:
 
 @pytest.mark.parametrize("payload", layout.SNUG_PAYLOADS, ids=lambda n: f"{n >> 10}KiB")
 def test_each_snug_payload_with_the_allowed_header_takes_its_snug_class(payload: int) -> None:
-    # the size the tier estimates an object at (HEADER_ALLOWANCE of header) fits the class too
-    unit = layout.record_footprint(256 + payload)
+    # the size the tier estimates an object at fits the class too
+    unit = layout.record_footprint(layout.HEADER_ALLOWANCE + payload)
     assert unit == payload + layout.SNUG_HEADROOM
-    cls = layout.size_class(256 + payload)
+    cls = layout.size_class(layout.HEADER_ALLOWANCE + payload)
     assert cls is not None and cls.run_bytes <= cls.units_per_run * cls.unit * 65 // 64
 
 

@@ -132,13 +132,10 @@ class Moves:
         entry, plan, placed = settling.entry, settling.plan, settling.placed
         await st.commits[placed].sync(linger=SETTLE_LINGER)
         async with st.keys.hold(plan.key) as claim:
-            if st.index.get(plan.key) is not entry or entry.detached:
-                return False
-            if placed not in entry.locations:
-                # a failed write dropped the target's copy, its error raised to an earlier
-                # flush: the one that returned here covered none of it
-                return False
-            if plan.source not in entry.locations:
+            # without the target's copy (a failed write dropped it, its error raised to an
+            # earlier flush: the one that returned here covered none of it) the source stays
+            if (st.index.get(plan.key) is not entry or entry.detached
+                    or placed not in entry.locations or plan.source not in entry.locations):
                 return False
             await self._copies.remove(entry, plan.source, claim)
         self._demoted(plan, placed)

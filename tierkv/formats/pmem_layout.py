@@ -75,11 +75,12 @@ ZONE_METADATA = 1 << 20
 UNIT_HEADROOM = 1 << 10
 #: payload sizes with a class of their own (above 64 KiB the grid's headroom costs under 1 %)
 SNUG_PAYLOADS = tuple(1 << shift for shift in range(12, 17))
-#: what a snug class leaves beside its payload: PMDK's 16-byte allocation header and the 256
-#: bytes the tier allows for the record prefix and object header when it sizes an object
-#: (`tiers.pmem.tier.HEADER_ALLOWANCE`; a 32-byte key with one parent takes 133), rounded to a
-#: cache line
-SNUG_HEADROOM = 320
+#: record bytes besides the payload that the tier assumes when it sizes an object before its
+#: header exists: the prefix and a typical object header (a 32-byte key with one parent: 133)
+HEADER_ALLOWANCE = 256
+#: what a snug class leaves beside its payload: PMDK's allocation header and `HEADER_ALLOWANCE`,
+#: rounded to a cache line
+SNUG_HEADROOM = -(-(HEADER_ALLOWANCE + ALLOC_HEADER) // 64) * 64
 _GRID_MIN = 256
 _GRID_MAX = 8 << 20
 _RUN_TARGET = 1 << 20
@@ -215,7 +216,7 @@ def _fitted(base: int) -> SizeClass:
     """The class for units of at least `base` bytes: the unit count whose run wastes least per
     unit, the unit then grown to fill the run."""
     limit = _RUN_TARGET if base < CHUNK else 4 * _RUN_TARGET
-    count = min(range(1, max(1, limit // base) + 1), key=lambda n: (_run_bytes(base, n) / n, n))
+    count = _least_wasteful(base, range(1, max(1, limit // base) + 1))
     room = _run_bytes(base, count) - _run_metadata(count)
     return SizeClass(room // count // 64 * 64, count)
 
@@ -225,8 +226,13 @@ def _snug(unit: int) -> SizeClass:
     waste at most 1/64 of each on the run's rounding to chunks, else the least wasteful."""
     counts = range(1, max(1, 8 * _RUN_TARGET // unit) + 1)
     snug = [n for n in counts if _run_bytes(unit, n) <= n * unit * 65 // 64]
-    count = snug[0] if snug else min(counts, key=lambda n: (_run_bytes(unit, n) / n, n))
+    count = snug[0] if snug else _least_wasteful(unit, counts)
     return SizeClass(unit, count)
+
+
+def _least_wasteful(unit: int, counts: range) -> int:
+    """The unit count among `counts` whose run takes fewest bytes per unit (the fewer on a tie)."""
+    return min(counts, key=lambda n: (_run_bytes(unit, n) / n, n))
 
 
 def _build_classes() -> tuple[SizeClass, ...]:

@@ -92,7 +92,7 @@ __all__ = ["CHUNK", "COPY_THREADS", "HEADER_ALLOWANCE", "LARGE_COPY", "PmemTier"
 log = logging.getLogger(__name__)
 
 #: record bytes besides the payload that `footprint(nbytes)` assumes (prefix + a typical header)
-HEADER_ALLOWANCE = 256
+HEADER_ALLOWANCE = layout.HEADER_ALLOWANCE
 
 
 class PmemTier(Tier):
