@@ -59,23 +59,28 @@ class CheckpointIO:
             st.pool.release(buf)
         st.counters["bytes_written"] += SUPERBLOCK_SIZE
 
-    async def record_newest(self) -> None:
-        """After a flush made the log durable: name its newest region use in the superblock,
-        which a later scan checks for (`NvmeRecovery`). It is the head's when there is one (no
-        other is newer), else the newest region's that holds anything. One superblock write
-        and sync, only when that changed: at most once per region opened."""
+    def newest_on_media(self) -> tuple[int, int]:
+        """The newest region use whose header is written, as ``(seq, index)``: the head's when
+        it has one (no other is newer), else the newest region's that holds anything. A flush
+        takes it before its sync, which then covers that header."""
         st = self._st
-        _d, _io, sb = st.dev_io()
         head = st.head
         if head is not None and head.header_written:
-            newest = (head.seq, head.index)
-        else:
-            newest = max(((r.seq, r.index) for r in st.regions
-                          if r.state is not RegionState.FREE and r.header_written), default=(0, 0))
-        if newest[0] and newest != (sb.newest_seq, sb.newest_index):
+            return head.seq, head.index
+        return max(((r.seq, r.index) for r in st.regions
+                    if r.state is not RegionState.FREE and r.header_written), default=(0, 0))
+
+    async def record_newest(self, newest: tuple[int, int]) -> None:
+        """After a flush made the log durable: name `newest` (`newest_on_media`, taken before
+        its sync) in the superblock, which a later scan checks for (`NvmeRecovery`). One
+        superblock write and sync, only when it is newer than the one recorded: at most once
+        per region opened. Flushes call it one after another (`LogFlush`)."""
+        st = self._st
+        _d, _io, sb = st.dev_io()
+        if newest[0] > sb.newest_seq:
             recorded = replace(sb, newest_seq=newest[0], newest_index=newest[1])
             await self.write_superblock(recorded)
-            st.sb = recorded  # only once written: a cancelled write is done again next flush
+            st.sb = recorded  # only once written: a failed write is done again next flush
 
     async def load(self, sb: Superblock) -> None:
         """Load the checkpoint `sb` names into the (empty) index; `CorruptObjectError` if bad."""

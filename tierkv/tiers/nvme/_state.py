@@ -50,10 +50,11 @@ class LogState:
     are ``None`` until open (and after close).
     """
 
-    __slots__ = ("changed", "config", "counters", "device", "head", "index", "io", "live",
-                 "lock", "lost", "name", "next_seq", "on_drop", "pool", "recovered_from",
-                 "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
-                 "superseded", "tick", "write_error")
+    __slots__ = ("changed", "config", "counters", "device", "failures", "failures_raised",
+                 "flushes", "head", "index", "io", "last_flush", "live", "lock", "lost", "name",
+                 "next_seq", "on_drop", "pool", "recovered_from", "region_count", "regions",
+                 "reserve", "reuse_failed", "sb", "sealing", "superseded", "tick",
+                 "write_error")
 
     def __init__(self, name: str, config: NvmeTierConfig, region_count: int,
                  on_drop: DropReport) -> None:
@@ -84,7 +85,16 @@ class LogState:
         self.superseded: list[Superseded] = []
         #: False only for close's last flush: a region whose write failed is then a last resort
         self.reuse_failed = True
+        #: the last write or sync failure, how many there were, and how many of them a flush
+        #: has raised (`failed_write`; a flush raises what came since it began or before it and
+        #: was not raised yet)
         self.write_error: DeviceError | None = None
+        self.failures = 0
+        self.failures_raised = 0
+        #: the flushes' own tasks (`LogFlush._complete`), and the last one begun: each records
+        #: the superblock after the one before it
+        self.flushes: set[asyncio.Task[None]] = set()
+        self.last_flush: asyncio.Task[None] | None = None
         self.recovered_from = "new"
         self.live = 0
         self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
@@ -124,6 +134,11 @@ class LogState:
         if keys:
             self.lost.extend(keys)
             self.on_drop(keys)
+
+    def failed_write(self, exc: DeviceError) -> None:
+        """A region write or a sync failed: the next flush, and any running, raises it."""
+        self.write_error = exc
+        self.failures += 1
 
     # -- index helpers ---------------------------------------------------------------------------
     def reset_index(self) -> None:

@@ -9,7 +9,7 @@ for, which `asyncio.gather` would do.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Set
+from collections.abc import Callable, Coroutine, Iterable, Set
 from typing import Any
 
 
@@ -36,3 +36,14 @@ async def settle(tasks: Set[asyncio.Task[None]]) -> None:
     """
     while tasks:
         await asyncio.wait(set(tasks))
+
+
+async def wait_all(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Wait until the tasks in `tasks` now are done (not those that join a live set later, as
+    `settle` does: a flush waits for what it must cover, not for appends made after it).
+
+    A cancellation of the caller stops the wait only; the tasks go on.
+    """
+    pending = {task for task in tasks if not task.done()}
+    if pending:
+        await asyncio.wait(pending)

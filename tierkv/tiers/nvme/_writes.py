@@ -108,7 +108,7 @@ class RegionWrites:
         the buffer.
         """
         st = self._st
-        st.write_error = exc
+        st.failed_write(exc)
         cut = region.failed_at or 0  # 0: its header failed, so nothing of this use counts
         lost, kept = [], False
         for key in st.index.keys_in_region(region.index):

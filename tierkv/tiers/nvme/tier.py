@@ -79,12 +79,15 @@ whose every sealed region waited for another when it was to be restored, or writ
 none is recorded and the next open scans. A scan leaves a region whose use holds no entry FREE.
 
 Concurrency: every coroutine may run concurrently on one event loop; appends, deletes, reclaims,
-flushes and close's flush and checkpoint are serialised by one `asyncio.Lock`, reads are not.
+the start of a flush and close's flush and checkpoint are serialised by one `asyncio.Lock`,
+reads are not. A flush holds the lock only to issue the head's unwritten part and note the
+writes it waits for; the waits, the sync and the superblock record run outside it (`_flush`),
+so puts and deletes append while the device syncs.
 Cancellation: any await may be cancelled and leaves the log consistent (`_log`): a cancelled
 put or delete leaves its key as it was or as it would have left it, every other key untouched;
-a cancelled flush leaves its writes going and its error for the next flush; background writes
-never stop because a waiter was cancelled (`_tasks`); a cancelled close skips the checkpoint
-(the next open scans) but still releases everything.
+a cancelled flush leaves its writes and its sync going and its error for the next flush;
+background writes never stop because a waiter was cancelled (`_tasks`); a cancelled close skips
+the checkpoint (the next open scans) but still releases everything.
 Errors: `DeviceError` (with `errno`) when the device fails an operation; a failed background
 region write drops the entries it carried (reported at once, and their keys returned by the next
 `put`) and `flush()` raises it; so does a failed write of the head at `flush()`, which retires the
@@ -314,9 +317,7 @@ class NvmeTier(Tier):
 
     async def flush(self) -> None:
         self._check_open()
-        async with self._st.lock:
-            self._check_open()
-            await self._flush.flush_locked()
+        await self._flush.flush(self._check_open)
 
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
