@@ -40,8 +40,9 @@ class LogState:
     """Everything the NVMe tier's layers share: device handles, regions, index, head, counters.
 
     Owned by one `NvmeTier`; its layers hold a reference and read and write the attributes
-    directly (no copies). Mutations of the log (appends, rotations, reclaims, flushes) happen
-    under `lock`; reads of entries do not take it. `changed` is set whenever a sealing task
+    directly (no copies). Mutations of the log (appends, rotations, reclaims, the start of a
+    flush) happen under `lock`; reads of entries and a flush's waits, sync and superblock
+    record (`_flush`) do not take it. `changed` is set whenever a sealing task
     ends (a seal slot frees: `sealing` holds fewer than `SEALS_IN_FLIGHT`), a region's header
     write ends or its readers drop to zero, for the waits of rotation, reclaim and
     `settle_superseded` (`wait_changed`). `sealing` holds the seal tasks in flight, each until
