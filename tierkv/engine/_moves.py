@@ -131,6 +131,12 @@ class Moves:
         st = self._st
         entry, plan, placed = settling.entry, settling.plan, settling.placed
         await st.commits[placed].sync(linger=SETTLE_LINGER)
+        if st.keys.busy(plan.key):
+            # An operation holds the key (an overwrite, a delete) and may be waiting for the
+            # room this departure frees: waiting for the key here held both until the writer's
+            # `space_timeout`. Both copies stay (a valid, inclusive state); the evictor, cued as
+            # the move ends, picks another victim, and the operation deals with both copies.
+            return False
         async with st.keys.hold(plan.key) as claim:
             # without the target's copy (a failed write dropped it, its error raised to an
             # earlier flush: the one that returned here covered none of it) the source stays
