@@ -242,6 +242,19 @@ async def test_demotions_into_a_full_middle_tier_never_wait_behind_each_other(
         assert await kv.get(b"k5.399") == value
 
 
+def _pool_into_log(tmp_path: Path) -> dict[str, Any]:
+    """pmem 8 MiB → nvme 32 MiB (1 MiB regions), one migration worker, moves unpaced."""
+    return {
+        "scheduler": {"background_bandwidth": "off", "migration_concurrency": 1},
+        "tiers": [
+            {"name": "pmem", "kind": "pmem", "path": str(tmp_path / "p.pool"),
+             "capacity": "8MiB", "format": True},
+            {"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
+             "capacity": "32MiB", "region_size": "1MiB", "queue_depth": 8, "format": True},
+        ],
+    }
+
+
 @pytest.mark.pmem
 async def test_demotions_out_of_pmem_share_the_log_flushes_they_wait_for(tmp_path: Path) -> None:
     """pmem → nvme demotions wait for the log's flush before dropping their durable source,
@@ -251,15 +264,7 @@ async def test_demotions_out_of_pmem_share_the_log_flushes_they_wait_for(tmp_pat
     across a reopen."""
     from tierkv.testing.faults import FaultPlan, open_with_faults
 
-    config = {
-        "scheduler": {"background_bandwidth": "off", "migration_concurrency": 1},
-        "tiers": [
-            {"name": "pmem", "kind": "pmem", "path": str(tmp_path / "p.pool"),
-             "capacity": "8MiB", "format": True},
-            {"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
-             "capacity": "32MiB", "region_size": "1MiB", "queue_depth": 8, "format": True},
-        ],
-    }
+    config = _pool_into_log(tmp_path)
     plan = FaultPlan()
     plan.add("nvme", "latency", rate=1.0, arg=0.2, ops=["flush"])
     values = {b"k%d" % i: os.urandom(64 * KiB) for i in range(200)}
@@ -294,16 +299,7 @@ async def test_an_overwrite_waiting_for_room_does_not_hold_up_its_own_settling_d
     reads back byte for byte, across a reopen."""
     from tierkv.testing.faults import FaultPlan, open_with_faults
 
-    config = {
-        "engine": {"space_timeout": "10s"},
-        "scheduler": {"background_bandwidth": "off", "migration_concurrency": 1},
-        "tiers": [
-            {"name": "pmem", "kind": "pmem", "path": str(tmp_path / "p.pool"),
-             "capacity": "8MiB", "format": True},
-            {"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
-             "capacity": "32MiB", "region_size": "1MiB", "queue_depth": 8, "format": True},
-        ],
-    }
+    config = {"engine": {"space_timeout": "10s"}, **_pool_into_log(tmp_path)}
     plan = FaultPlan()
     plan.add("nvme", "latency", rate=1.0, arg=0.5, ops=["flush"])
     values = {b"k%d" % i: os.urandom(64 * KiB) for i in range(124)}
