@@ -1,6 +1,7 @@
 """The LRU++ policy pieces, pure: scores and their time-invariant rank, prefix rules (orphans
 first, leaf-first), ghosts, atomic eviction batches, adaptive admission, promotion on hit, TTL
-plans into free room and chain following. No devices, no clock: time is passed in."""
+plans into free room, chain following and the entries a reclaimed log region keeps. No devices,
+no clock: time is passed in."""
 
 from __future__ import annotations
 
@@ -436,6 +437,37 @@ def test_a_promotion_out_of_a_tier_that_reclaims_space_always_copies() -> None:
                                                                exclusive=True)
     assert scheduler.warm(Obj(b"m", locations=[0, 1])) is None  # already on top
     assert scheduler.warm(Obj(b"m", nbytes=500, locations=[1])) is None  # top too small
+
+
+# -- what a reclaimed log region keeps ---------------------------------------------------------
+def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
+    """The nvme log (tier 2) asks, for each live entry of a region it reclaims, whether to copy
+    it forward; the bar for an entry held nowhere else is the last admission's rank."""
+    scheduler = lrupp(three_tiers())
+    scheduler.admitted(2, b"old", 0.0)
+    scheduler.admitted(2, b"read", 0.0)
+    scheduler.admitted(2, b"up", 1.0)
+    scheduler.admitted(0, b"up", 2.0)  # promoted: the log holds its only persistent copy
+    scheduler.admitted(2, b"both", 1.0)
+    scheduler.admitted(1, b"both", 2.0)  # also in the pmem pool, which serves it first
+    scheduler.admitted(2, b"orphan", 10.0, parents=[b"never-stored"])
+    scheduler.admitted(2, b"peer", 10.0)
+    scheduler.admitted(2, b"new", 10.0)  # the bar: count 1, last access at 10
+    scheduler.accessed(2, b"read", 20.0)
+    keeps = {key: scheduler.keeps_on_reclaim(2, key)
+             for key in (b"old", b"read", b"up", b"both", b"orphan", b"peer", b"unknown")}
+    assert keeps == {b"old": False, b"read": True, b"up": True, b"both": False,
+                     b"orphan": False, b"peer": False, b"unknown": False}  # a tie: dropped
+    assert scheduler.keeps_on_reclaim(2, b"read")
+    scheduler.admitted(2, b"newer", 200.0)
+    assert not scheduler.keeps_on_reclaim(2, b"read")  # the bar rose past it
+    assert scheduler.keeps_on_reclaim(2, b"up")  # durability does not depend on rank
+    scheduler.removed(0, b"up")
+    assert not scheduler.keeps_on_reclaim(2, b"up")  # back to the rank: below the bar now
+
+    lru = Scheduler(three_tiers(), SchedulerConfig(policy=EvictionPolicy.LRU))
+    lru.admitted(2, b"old", 0.0)
+    assert lru.keeps_on_reclaim(2, b"old")  # no ranking: the tier's own rule stays
 
 
 # -- expiry ----------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ space, and a constant file count however many objects are stored."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -48,6 +49,60 @@ async def test_hot_entries_are_reinserted(tmp_path: Path) -> None:
         got = await tier.get(key(3))
         assert got is not None and payload_bytes(got[1]) == payload_for(3, 8000)
         assert tier.stats()["entries_reinserted"] >= 1
+    finally:
+        await tier.close()
+
+
+async def test_the_owners_reclaim_filter_decides_what_is_copied_forward(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=2))
+    kept = {key(i) for i in range(0, 40, 2)}
+    asked: set[bytes] = set()
+
+    def keep(name: bytes) -> bool:
+        asked.add(name)
+        return name in kept
+
+    tier.set_reclaim_filter(keep)
+    await tier.open()
+    try:
+        dropped = await _put_all(tier, range(40))
+        for _ in range(2):  # read often enough for `reinsert_hits`: the filter overrules it
+            assert await tier.get(key(1)) is not None
+        dropped |= await _put_all(tier, range(40, 400))
+        assert key(1) in dropped and key(0) in asked and key(1) in asked
+        assert not kept & dropped
+        for name in kept:
+            got = await tier.get(name)
+            i = int(name.rsplit(b"-", 1)[1])
+            assert got is not None and payload_bytes(got[1]) == payload_for(i, 8000)
+        assert tier.stats()["entries_reinserted"] >= len(kept)
+    finally:
+        await tier.close()
+
+
+async def test_a_filter_keeping_everything_still_makes_room_for_each_put(tmp_path: Path) -> None:
+    """A reclaim copies forward only what leaves room for the entry it was for: a filter that
+    keeps every entry slows the log down but never makes it rewrite regions without end."""
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=2))
+    tier.set_reclaim_filter(lambda name: True)
+    await tier.open()
+    try:
+        count = 3 * per_region(8000)
+        dropped = await asyncio.wait_for(_put_all(tier, range(count)), 30)
+        assert dropped and key(count - 1) not in dropped
+        assert set(tier.keys()) | dropped == {key(i) for i in range(count)}
+        assert tier.used <= tier.capacity
+    finally:
+        await tier.close()
+
+
+async def test_reinsert_hits_0_copies_nothing_forward_whatever_the_filter(tmp_path: Path) -> None:
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0))
+    tier.set_reclaim_filter(lambda name: True)
+    await tier.open()
+    try:
+        assert key(0) in await _put_all(tier, range(400))
+        assert tier.stats()["entries_reinserted"] == 0
     finally:
         await tier.close()
 

@@ -117,6 +117,9 @@ class Engine(ReadCalls):
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
             tier.set_space_listener(st.spaces[index].freed)
+            if tier.reclaims_space and st.scheduler.scored:
+                # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule)
+                tier.set_reclaim_filter(functools.partial(st.scheduler.keeps_on_reclaim, index))
         self._background.start()
         await self._shared.start(self._invalidations.forget)
 

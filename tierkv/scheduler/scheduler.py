@@ -3,8 +3,9 @@
 Pure and synchronous: no IO, time passed in. The engine reports what enters, is read in and
 leaves each tier (`admitted`, `accessed`, `removed`) and asks what to do: which tier a put goes
 to (`write_tier`), where write-through and `flush` make an object durable (`durable_tier`), where
-a copy goes when it must leave a tier (`departures`, `expired`), and whether a hit in a lower tier
-earns a copy upward (`on_hit`). It reads the engine's index only through `Lookup`, which answers
+a copy goes when it must leave a tier (`departures`, `expired`), whether a hit in a lower tier
+earns a copy upward (`on_hit`), and which copies a log reclaiming a region keeps
+(`keeps_on_reclaim`). It reads the engine's index only through `Lookup`, which answers
 for one key at a time.
 
 Two policies (`[scheduler] policy`): ``lru`` keeps each tier in least-recently-used order, admits
@@ -74,6 +75,12 @@ class Scheduler:
         self.book = ScoreBook(config.alpha, config.beta)
         self.lineage = Lineage()
         self.policies: tuple[TierPolicy, ...]
+        #: rank of the last key each tier admitted (`keeps_on_reclaim`'s bar)
+        self._newest_rank = [float("-inf")] * len(self._tiers)
+        #: bit i set: a copy in tier i outlives a restart (a persistent tier, or the shared
+        #: one, which the index does not count as volatile either)
+        self._lasting = sum(1 << index for index, tier in enumerate(self._tiers)
+                            if tier.persistent or getattr(tier, "shared", False))
         self._scored: tuple[ScoredPolicy, ...] = ()
         if self.scored:
             # the recency order is kept only where a TTL asks for idle keys (`ttls` unknown: all)
@@ -110,6 +117,7 @@ class Scheduler:
             if adopted:
                 self._rerank(adopted, orphan=False)
         self._scored[tier].insert_scored(key, score, now)
+        self._newest_rank[tier] = self.book.rank(score)
 
     def accessed(self, tier: int, key: bytes, now: float) -> None:
         if not self.scored:
@@ -225,6 +233,32 @@ class Scheduler:
             return False  # no prefix lookup can reach it: not worth a write
         admission = self.admission.get(tier)
         return admission is None or admission.admit(key)
+
+    def keeps_on_reclaim(self, tier: int, key: bytes) -> bool:
+        """Whether a tier that reclaims whole regions (the nvme log) copies `key`'s entry
+        forward when it reclaims the region holding it (a write), rather than dropping it.
+
+        LRU++: the copy is kept if it is the object's last persistent one while a volatile
+        tier holds the object (dropping it would silently undo a `flush` or a write-through
+        put); else not if a faster tier holds the object (it is served from there, and comes
+        back down as a demotion if it earns it), nor if it is orphaned; else if it ranks
+        above the last object the tier admitted: copying forward what is worth no more than
+        what arrives would push out better objects later (and with every rank equal, a
+        stopped clock, the log would rewrite each region to free one entry). `lru`: always
+        (the policy has no ranking to judge by; the engine leaves the tier's own rule in
+        place)."""
+        if not self.scored:
+            return True
+        score = self.book.get(key)
+        if score is None:
+            return False
+        bit = 1 << tier
+        others = score.tiers & ~bit
+        if others and not others & self._lasting:
+            return True
+        if score.tiers & (bit - 1) or score.orphan:
+            return False
+        return self.book.rank(score) > self._newest_rank[tier]
 
     def on_hit(self, copies: Copies, served_from: int) -> Promote | None:
         """Whether a hit served from `served_from` earns a copy in the first tier. LRU: every

@@ -2,9 +2,9 @@
 
 Separate from the tier's public surface because it is the space policy mechanism of the log:
 which region a reclaim takes (`eviction`, `Region.shadows`), which of its entries are copied back
-(`reinsert_hits`), and reading an entry back (shared with `get`). `RegionLog` holds the tier's
-`LogState` and the write-behind (`RegionWrites`) it seals regions with. Appends, rotations and
-reclaims run under the state's lock; reads do not.
+(the owner's reclaim filter, else `reinsert_hits`), and reading an entry back (shared with
+`get`). `RegionLog` holds the tier's `LogState` and the write-behind (`RegionWrites`) it seals
+regions with. Appends, rotations and reclaims run under the state's lock; reads do not.
 
 Cancellation: the caller under the lock may be cancelled at every await here, so each await
 leaves the log consistent and changes nothing it would have to undo. Room for an entry is made
@@ -82,7 +82,7 @@ class RegionLog:
         st = self._st
         while True:
             if st.head is None or st.head.used + size > st.config.region_size:
-                await self._rotate()
+                await self._rotate(size)
             elif grows and st.reserve.short(st.index, grows):
                 await self._restore_reserve()
             else:
@@ -152,8 +152,9 @@ class RegionLog:
         return (region.seq != seq and region.state is not RegionState.FREE
                 and not region.header_written and region.failed is None)
 
-    async def _rotate(self) -> None:
-        """Seal the head (write it in the background) and open a new head region."""
+    async def _rotate(self, room: int) -> None:
+        """Seal the head (write it in the background) and open a new head region with `room`
+        bytes free after what a reclaim copies into it."""
         st = self._st
         while st.head is not None:
             if len(st.sealing) < SEALS_IN_FLIGHT:
@@ -163,7 +164,7 @@ class RegionLog:
         reserve = st.reserve
         reserve.tally(st.regions, st.regions.made)
         keep = reserve.needed(reserve.bound(st.index))  # with the full head's entries
-        region, hot = await self._take_region(keep)
+        region, hot = await self._take_region(keep, room)
         self._open_head(region, hot)
         reserve.hold(st.index, keep)
 
@@ -174,7 +175,7 @@ class RegionLog:
         head.state = RegionState.SEALING
         spawn(self._writes.write_sealed(head), st.sealing, st.changed.set)
 
-    async def _take_region(self, keep: int) -> tuple[Region, list[HotEntry]]:
+    async def _take_region(self, keep: int, room: int) -> tuple[Region, list[HotEntry]]:
         """A FREE region with no reads in flight for the new head, reclaiming one if need be
         (also when taking a FREE one would leave fewer than `keep`), and the hot entries of a
         reclaimed victim (already dropped from the index)."""
@@ -188,7 +189,7 @@ class RegionLog:
                          if r.state is RegionState.FREE and r.failed is not None)
         free = (st.regions.first_free(lambda r: st.reuse_failed or r.failed is None)
                 if spare > keep else None)  # else taking one leaves too few FREE
-        region, hot = (free, []) if free is not None else await self._reclaim()
+        region, hot = (free, []) if free is not None else await self._reclaim(room)
         try:
             await settle(region.writes)  # a region kept FREE may have its empty header going
             while region.readers:  # reads that began before the index let go of the region
@@ -229,8 +230,9 @@ class RegionLog:
                        size=size)
             st.counters["entries_reinserted"] += 1
 
-    async def _reclaim(self) -> tuple[Region, list[HotEntry]]:
-        """Free a victim region; returns it and the hot entries to copy into the new head.
+    async def _reclaim(self, room: int) -> tuple[Region, list[HotEntry]]:
+        """Free a victim region; returns it and the hot entries to copy into the new head, as
+        many as leave `room` bytes free there.
 
         Everything before the victim is freed only waits and reads; freeing it and dropping its
         keys (`LogState.drop`) is one step.
@@ -249,7 +251,7 @@ class RegionLog:
             if spare is not None:
                 return spare, []
             await st.wait_changed()
-        return await self._free_victim(victims)
+        return await self._free_victim(victims, room)
 
     def _victims(self) -> list[Region]:
         # A region superseding records of an older one waits for it (see Region.shadows);
@@ -257,9 +259,11 @@ class RegionLog:
         return [r for r in self._st.regions
                 if r.state is RegionState.SEALED and r.readers == 0 and not r.shadows]
 
-    async def _free_victim(self, victims: list[Region]) -> tuple[Region, list[HotEntry]]:
-        """Free one of `victims` (chosen by the eviction policy) and read its hot entries;
-        the awaits (reads) come first, then the index lets go of it in one step."""
+    async def _free_victim(self, victims: list[Region], room: int
+                           ) -> tuple[Region, list[HotEntry]]:
+        """Free one of `victims` (chosen by the eviction policy) and read its hot entries (as
+        many as leave `room` bytes of a region free); the awaits (reads) come first, then the
+        index lets go of it in one step."""
         st = self._st
         if not st.reuse_failed:  # close's last flush: not into a region whose write failed
             victims = [r for r in victims if r.failed is None] or victims
@@ -267,13 +271,7 @@ class RegionLog:
             victim = min(victims, key=lambda r: (r.last_access, r.seq))
         else:
             victim = min(victims, key=lambda r: r.seq)
-        threshold = st.config.reinsert_hits
-        hot_keys = []
-        if threshold:
-            for key in st.index.keys_in_region(victim.index):
-                loc = st.index.get(key)
-                if loc is not None and loc.hits >= threshold:
-                    hot_keys.append(key)
+        hot_keys = self._hot_keys(victim, room)
         hot = await self._read_hot(victim, hot_keys) if hot_keys else []
         # from here on no await: the index lets go of the victim in this step
         keys = st.index.keys_in_region(victim.index)  # a get may have dropped a corrupt one
@@ -308,7 +306,7 @@ class RegionLog:
             st.reserve.waived = True
             log.info("%s: no region to reclaim for the checkpoint's room", st.name)
             return
-        victim, hot = await self._free_victim(victims)
+        victim, hot = await self._free_victim(victims, 0)
         # no await from here: the victim's hot entries go back into the head in this step
         head, dropped = st.head, []
         for entry in hot:
@@ -326,6 +324,28 @@ class RegionLog:
         waiting = [r for r in st.regions if victim.index in r.shadows]
         spawn(self._writes.write_empty(victim, seq, waiting), victim.writes)
         st.reserve.hold(st.index, st.reserve.held)
+
+    def _hot_keys(self, victim: Region, room: int) -> list[bytes]:
+        """The entries of `victim` to copy forward: those the owner's filter keeps, else those
+        read at least `reinsert_hits` times (none where it is 0), as long as they leave `room`
+        bytes of the new head free, so that a reclaim always makes the room it was for (a
+        filter that kept every entry would otherwise have the log rewrite region after region
+        without freeing a byte)."""
+        st = self._st
+        threshold = st.config.reinsert_hits
+        if not threshold:
+            return []
+        keep = st.reclaim_filter
+        budget = st.config.region_size - st.align - room
+        chosen = []
+        for key in st.index.keys_in_region(victim.index):
+            loc = st.index.get(key)
+            if (loc is None or loc.length > budget
+                    or not (keep(key) if keep is not None else loc.hits >= threshold)):
+                continue
+            budget -= loc.length
+            chosen.append(key)
+        return chosen
 
     async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:
         st = self._st

@@ -19,6 +19,7 @@ from tierkv.config import NvmeTierConfig
 from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import ENTRY_GRANULARITY, SUPERBLOCK_SIZE, Superblock
 from tierkv.formats.value import ObjectMeta
+from tierkv.tiers.base import ReclaimFilter
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._index import Location, NvmeIndex
 from tierkv.tiers.nvme._regions import Region, RegionState, RegionTable, Superseded
@@ -53,8 +54,9 @@ class LogState:
 
     __slots__ = ("changed", "config", "counters", "device", "failures", "failures_raised",
                  "flushes", "head", "index", "io", "last_flush", "live", "lock", "lost", "name",
-                 "next_seq", "on_drop", "pool", "recovered_from", "region_count", "regions",
-                 "reserve", "reuse_failed", "sb", "sealing", "superseded", "tick",
+                 "next_seq", "on_drop", "pool", "reclaim_filter", "recovered_from",
+                 "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
+                 "superseded", "tick",
                  "write_error")
 
     def __init__(self, name: str, config: NvmeTierConfig, region_count: int,
@@ -81,6 +83,9 @@ class LogState:
         self.changed = asyncio.Event()
         #: told of every key the log drops on its own, in the step that drops it (`drop`)
         self.on_drop = on_drop
+        #: the owner's choice of the entries a reclaim copies forward (`Tier.set_reclaim_filter`);
+        #: ``None``: those read at least `reinsert_hits` times
+        self.reclaim_filter: ReclaimFilter | None = None
         #: keys dropped and not yet returned by a `put` (which returns them all, see `drop`)
         self.lost: list[bytes] = []
         self.superseded: list[Superseded] = []
