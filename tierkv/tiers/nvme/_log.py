@@ -271,8 +271,14 @@ class RegionLog:
             victim = min(victims, key=lambda r: (r.last_access, r.seq))
         else:
             victim = min(victims, key=lambda r: r.seq)
-        hot_keys = self._hot_keys(victim, room)
-        hot = await self._read_hot(victim, hot_keys) if hot_keys else []
+        asked: set[bytes] = set()
+        hot: list[HotEntry] = []
+        while more := self._hot_keys(victim, room, asked, hot):
+            # the filter's answers may change while the reads await (another tier let its copy
+            # of an object go, and this one is now its last durable copy): ask again about the
+            # rest, until the answers hold across the reads
+            asked.update(more)
+            hot += await self._read_hot(victim, more)
         # from here on no await: the index lets go of the victim in this step
         keys = st.index.keys_in_region(victim.index)  # a get may have dropped a corrupt one
         held = set(keys)
@@ -325,22 +331,24 @@ class RegionLog:
         spawn(self._writes.write_empty(victim, seq, waiting), victim.writes)
         st.reserve.hold(st.index, st.reserve.held)
 
-    def _hot_keys(self, victim: Region, room: int) -> list[bytes]:
-        """The entries of `victim` to copy forward: those the owner's filter keeps, else those
-        read at least `reinsert_hits` times (none where it is 0), as long as they leave `room`
-        bytes of the new head free, so that a reclaim always makes the room it was for (a
-        filter that kept every entry would otherwise have the log rewrite region after region
-        without freeing a byte)."""
+    def _hot_keys(self, victim: Region, room: int, asked: set[bytes],
+                  taken: list[HotEntry]) -> list[bytes]:
+        """The entries of `victim` to copy forward besides those `asked` for already (read into
+        `taken`): those the owner's filter keeps, else those read at least `reinsert_hits` times
+        (none where it is 0), as long as they leave `room` bytes of the new head free, so that
+        a reclaim always makes the room it was for (a filter that kept every entry would
+        otherwise have the log rewrite region after region without freeing a byte)."""
         st = self._st
         threshold = st.config.reinsert_hits
         if not threshold:
             return []
         keep = st.reclaim_filter
         budget = st.config.region_size - st.align - room
+        budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
         chosen = []
         for key in st.index.keys_in_region(victim.index):
             loc = st.index.get(key)
-            if (loc is None or loc.length > budget
+            if (key in asked or loc is None or loc.length > budget
                     or not (keep(key) if keep is not None else loc.hits >= threshold)):
                 continue
             budget -= loc.length
