@@ -11,6 +11,7 @@ wakes before it looks.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 from collections.abc import Sequence
@@ -462,6 +463,34 @@ async def test_expiry_never_drops_an_object_for_one_that_fits_the_room_by_payloa
         after = kv.stats()["engine"]
         assert after["drops"] == before["drops"], "expiry pushed objects out of the cache"
         assert await kv.locate("probe") == "gpu"
+
+
+async def test_expiry_leaves_the_tier_below_its_low_watermark_free(tmp_path: Path) -> None:
+    """The pool keeps 5-10 % free (its watermarks): expiry moves idle objects only into the
+    room above the low mark, so the pool's evictor, which would drop its own victims (no tier
+    below), never starts because of it."""
+    clock = Clock()
+    config = config_of([gpu_tier(capacity=MiB, slot_size=64 * KiB, ttl=TTL),
+                        pmem_tier(tmp_path) | {"free_low": 0.05, "free_high": 0.10}])
+    async with tierkv.open(config, clock=clock) as kv:
+        await fill(kv, 200, 60_000)
+        pool = kv.stats()["tiers"]["pmem"]
+        low = math.ceil(pool["capacity"] * 0.05)
+        located = dict(zip(range(200), await where(kv, [f"fill{i}" for i in range(200)]),
+                           strict=True))
+        for i in [i for i, tier in located.items() if tier == "pmem"]:
+            pool = kv.stats()["tiers"]["pmem"]
+            if pool["capacity"] - pool["used"] >= low + 3 * 64 * KiB:
+                break
+            assert await kv.delete(f"fill{i}")  # room for about three idle objects above it
+        on_top = sum(tier == "gpu" for tier in located.values())
+        assert on_top >= 10
+        before = kv.stats()["engine"]
+        await expire(kv, clock, 10.0)
+        after = kv.stats()
+        assert 3 <= after["engine"]["expired"] < on_top
+        assert after["engine"]["drops"] == before["drops"], "expiry pushed objects out"
+        assert after["tiers"]["pmem"]["capacity"] - after["tiers"]["pmem"]["used"] >= low
 
 
 async def test_expiry_into_a_log_with_dead_entries_drops_nothing(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ For each tier with a `ttl` (the gpu tier's defaults to 5 s, the others' to none)
 task wakes a few times per `ttl`, asks the scheduler which objects of the tier have been idle
 since before the cutoff, and submits their plans to the executor (a demotion, or only a delete
 where a lower tier already holds a copy; in the last tier, a drop). Pinned and busy objects stay,
-and so do objects the tiers below have no free room for: expiry never pushes another object out
-of the cache.
+and so do objects the tiers below have no free room for (above their low watermarks): expiry
+never pushes another object out of the cache, not even through an evictor it woke.
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ log = logging.getLogger("tierkv.engine")
 
 def _free_room(state: EngineState) -> Callable[[int], int]:
     """Footprint bytes a tier can take now without dropping or evicting anything
-    (`Tier.room`: for the nvme log, its head's rest and its empty regions only)."""
-    return lambda tier: state.tiers[tier].room()
+    (`Tier.room`: for the nvme log, its head's rest and its empty regions only), less its low
+    watermark where it has one: room taken below that mark would start the tier's evictor,
+    which pushes its own victims down and, in the end, out of the cache."""
+    def room(tier: int) -> int:
+        free = state.tiers[tier].room()
+        marks = state.spaces[tier].watermarks
+        return free if marks is None else max(free - marks.low, 0)
+
+    return room
 
 
 async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evictor,
