@@ -454,20 +454,21 @@ def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
     scheduler.admitted(2, b"peer", 10.0)
     scheduler.admitted(2, b"new", 10.0)  # the bar: count 1, last access at 10
     scheduler.accessed(2, b"read", 20.0)
-    keeps = {key: scheduler.keeps_on_reclaim(2, key)
+    keeps = {key: scheduler.reclaim_worth(2, key) > 0
              for key in (b"old", b"read", b"up", b"both", b"orphan", b"peer", b"unknown")}
     assert keeps == {b"old": False, b"read": True, b"up": True, b"both": False,
                      b"orphan": False, b"peer": False, b"unknown": False}  # a tie: dropped
-    assert scheduler.keeps_on_reclaim(2, b"read")
+    assert scheduler.reclaim_worth(2, b"up") == math.inf  # before any other: durability
+    assert 0 < scheduler.reclaim_worth(2, b"read") < math.inf
     scheduler.admitted(2, b"newer", 200.0)
-    assert not scheduler.keeps_on_reclaim(2, b"read")  # the bar rose past it
-    assert scheduler.keeps_on_reclaim(2, b"up")  # durability does not depend on rank
+    assert scheduler.reclaim_worth(2, b"read") == 0  # the bar rose past it
+    assert scheduler.reclaim_worth(2, b"up") == math.inf  # durability does not depend on rank
     scheduler.removed(0, b"up")
-    assert not scheduler.keeps_on_reclaim(2, b"up")  # back to the rank: below the bar now
+    assert scheduler.reclaim_worth(2, b"up") == 0  # back to the rank: below the bar now
 
     lru = Scheduler(three_tiers(), SchedulerConfig(policy=EvictionPolicy.LRU))
     lru.admitted(2, b"old", 0.0)
-    assert lru.keeps_on_reclaim(2, b"old")  # no ranking: the tier's own rule stays
+    assert lru.reclaim_worth(2, b"old") > 0  # no ranking: the tier's own rule stays
 
 
 # -- expiry ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ space, and a constant file count however many objects are stored."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from pathlib import Path
 
@@ -53,20 +54,20 @@ async def test_hot_entries_are_reinserted(tmp_path: Path) -> None:
         await tier.close()
 
 
-async def test_the_owners_reclaim_filter_decides_what_is_copied_forward(tmp_path: Path) -> None:
+async def test_the_owners_reclaim_worth_decides_what_is_copied_forward(tmp_path: Path) -> None:
     tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=2))
     kept = {key(i) for i in range(0, 40, 2)}
     asked: set[bytes] = set()
 
-    def keep(name: bytes) -> bool:
+    def worth(name: bytes) -> float:
         asked.add(name)
-        return name in kept
+        return 1.0 if name in kept else 0.0
 
-    tier.set_reclaim_filter(keep)
+    tier.set_reclaim_worth(worth)
     await tier.open()
     try:
         dropped = await _put_all(tier, range(40))
-        for _ in range(2):  # read often enough for `reinsert_hits`: the filter overrules it
+        for _ in range(2):  # read often enough for `reinsert_hits`: the worth overrules it
             assert await tier.get(key(1)) is not None
         dropped |= await _put_all(tier, range(40, 400))
         assert key(1) in dropped and key(0) in asked and key(1) in asked
@@ -80,25 +81,28 @@ async def test_the_owners_reclaim_filter_decides_what_is_copied_forward(tmp_path
         await tier.close()
 
 
-async def test_a_filter_keeping_everything_still_makes_room_for_each_put(tmp_path: Path) -> None:
-    """A reclaim copies forward only what leaves room for the entry it was for: a filter that
-    keeps every entry slows the log down but never makes it rewrite regions without end."""
+async def test_valuing_everything_still_makes_room_for_each_put_most_valuable_kept(
+        tmp_path: Path) -> None:
+    """A reclaim copies forward only what leaves room for the entry it was for, the most
+    valuable entries first: an owner valuing every entry slows the log down but never makes it
+    rewrite regions without end, and what it values most stays."""
     tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=2))
-    tier.set_reclaim_filter(lambda name: True)
+    tier.set_reclaim_worth(lambda name: math.inf if name.endswith(b"0") else 1.0)
     await tier.open()
     try:
         count = 3 * per_region(8000)
         dropped = await asyncio.wait_for(_put_all(tier, range(count)), 30)
         assert dropped and key(count - 1) not in dropped
         assert set(tier.keys()) | dropped == {key(i) for i in range(count)}
+        assert not {key(i) for i in range(0, count, 10)} & dropped
         assert tier.used <= tier.capacity
     finally:
         await tier.close()
 
 
-async def test_reinsert_hits_0_copies_nothing_forward_whatever_the_filter(tmp_path: Path) -> None:
+async def test_reinsert_hits_0_copies_nothing_forward_whatever_the_worth(tmp_path: Path) -> None:
     tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0))
-    tier.set_reclaim_filter(lambda name: True)
+    tier.set_reclaim_worth(lambda name: 1.0)
     await tier.open()
     try:
         assert key(0) in await _put_all(tier, range(400))

@@ -62,16 +62,19 @@ class Flusher:
                 if tier.persistent:
                     await st.commits[index].sync()
             # a copy written and gone by the time its sync returned: moved up since (an
-            # exclusive promotion), or dropped by a failed write whose error an earlier flush
-            # took: either way this flush has not made it durable yet; write it once more
-            pending = [entry for entry, _ in persisted if not entry.detached
-                       and not any(st.tiers[t].persistent for t in entry.locations)]
+            # exclusive promotion), dropped by a failed write whose error an earlier flush took,
+            # or demoted and dropped by a full log's reclaim: either way this flush has not
+            # made it durable yet; write it once more
+            lost = [(entry, placed) for entry, placed in persisted if not entry.detached
+                    and not any(st.tiers[t].persistent for t in entry.locations)]
+            pending = [entry for entry, _ in lost]
             if not pending:
                 break
             if attempt:
                 failures.append(DeviceError(
-                    f"tier {st.names[persisted[0][1]]!r} lost copies flush wrote before they "
-                    "reached media (a failed write)"))
+                    f"{len(lost)} objects flush wrote into tier {st.names[lost[0][1]]!r} lost "
+                    "their persistent copies before the sync returned (a failed write, or the "
+                    "tiers below had to drop them for room)"))
         if failures:
             raise failures[0]
 

@@ -119,7 +119,7 @@ class Engine(ReadCalls):
             tier.set_space_listener(st.spaces[index].freed)
             if tier.reclaims_space and st.scheduler.scored:
                 # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule)
-                tier.set_reclaim_filter(functools.partial(st.scheduler.keeps_on_reclaim, index))
+                tier.set_reclaim_worth(functools.partial(st.scheduler.reclaim_worth, index))
         self._background.start()
         await self._shared.start(self._invalidations.forget)
 

@@ -4,8 +4,8 @@ Pure and synchronous: no IO, time passed in. The engine reports what enters, is 
 leaves each tier (`admitted`, `accessed`, `removed`) and asks what to do: which tier a put goes
 to (`write_tier`), where write-through and `flush` make an object durable (`durable_tier`), where
 a copy goes when it must leave a tier (`departures`, `expired`), whether a hit in a lower tier
-earns a copy upward (`on_hit`), and which copies a log reclaiming a region keeps
-(`keeps_on_reclaim`). It reads the engine's index only through `Lookup`, which answers
+earns a copy upward (`on_hit`), and what keeping each copy is worth to a log reclaiming a region
+(`reclaim_worth`). It reads the engine's index only through `Lookup`, which answers
 for one key at a time.
 
 Two policies (`[scheduler] policy`): ``lru`` keeps each tier in least-recently-used order, admits
@@ -17,6 +17,7 @@ when its score outranks what the upper tier would give up for it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -75,7 +76,7 @@ class Scheduler:
         self.book = ScoreBook(config.alpha, config.beta)
         self.lineage = Lineage()
         self.policies: tuple[TierPolicy, ...]
-        #: rank of the last key each tier admitted (`keeps_on_reclaim`'s bar)
+        #: rank of the last key each tier admitted (`reclaim_worth`'s bar)
         self._newest_rank = [float("-inf")] * len(self._tiers)
         #: bit i set: a copy in tier i outlives a restart (a persistent tier, or the shared
         #: one, which the index does not count as volatile either)
@@ -234,31 +235,32 @@ class Scheduler:
         admission = self.admission.get(tier)
         return admission is None or admission.admit(key)
 
-    def keeps_on_reclaim(self, tier: int, key: bytes) -> bool:
-        """Whether a tier that reclaims whole regions (the nvme log) copies `key`'s entry
-        forward when it reclaims the region holding it (a write), rather than dropping it.
+    def reclaim_worth(self, tier: int, key: bytes) -> float:
+        """What copying `key`'s entry forward is worth to a tier that reclaims whole regions
+        (the nvme log) when it reclaims the region holding it (a write), rather than dropping
+        it; 0: drop it. The log copies the most valuable entries that leave it room.
 
-        LRU++: the copy is kept if it is the object's last persistent one while a volatile
-        tier holds the object (dropping it would silently undo a `flush` or a write-through
-        put); else not if a faster tier holds the object (it is served from there, and comes
-        back down as a demotion if it earns it), nor if it is orphaned; else if it ranks
-        above the last object the tier admitted: copying forward what is worth no more than
-        what arrives would push out better objects later (and with every rank equal, a
-        stopped clock, the log would rewrite each region to free one entry). `lru`: always
-        (the policy has no ranking to judge by; the engine leaves the tier's own rule in
-        place)."""
+        LRU++: the object's last persistent copy while a volatile tier holds the object is
+        worth the most (infinite: dropping it would silently undo a `flush` or a write-through
+        put); a copy of an object a faster tier holds is worth nothing (it is served from
+        there, and comes back down as a demotion if it earns it), nor an orphan's; any other
+        is worth how far its rank lies above that of the last object the tier admitted:
+        copying forward what is worth no more than what arrives would push out better objects
+        later (and with every rank equal, a stopped clock, the log would rewrite each region to
+        free one entry). `lru`: 1 for every entry (the policy has no ranking to judge by; the
+        engine leaves the tier's own rule in place)."""
         if not self.scored:
-            return True
+            return 1.0
         score = self.book.get(key)
         if score is None:
-            return False
+            return 0.0
         bit = 1 << tier
         others = score.tiers & ~bit
         if others and not others & self._lasting:
-            return True
+            return math.inf
         if score.tiers & (bit - 1) or score.orphan:
-            return False
-        return self.book.rank(score) > self._newest_rank[tier]
+            return 0.0
+        return max(self.book.rank(score) - self._newest_rank[tier], 0.0)
 
     def on_hit(self, copies: Copies, served_from: int) -> Promote | None:
         """Whether a hit served from `served_from` earns a copy in the first tier. LRU: every

@@ -189,8 +189,8 @@ class FaultyTier(Tier):
     def set_space_listener(self, listener: Any) -> None:
         self.inner.set_space_listener(listener)
 
-    def set_reclaim_filter(self, keep: Any) -> None:
-        self.inner.set_reclaim_filter(keep)
+    def set_reclaim_worth(self, worth: Any) -> None:
+        self.inner.set_reclaim_worth(worth)
 
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload) -> Sequence[bytes]:
         await self._fault("put")

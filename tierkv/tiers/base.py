@@ -20,8 +20,8 @@ themselves: their `put` returns the keys it dropped to make room; an owner that 
 registers a drop listener, which the tier calls on the loop, synchronously, in the same step that
 drops the keys: before any later operation on the tier can store them again. Which live entries
 of a reclaimed region such a tier copies forward instead of dropping is the owner's to say where
-it registers a reclaim filter (it knows what the cache holds elsewhere and what each object is
-worth); without one the tier's own rule decides.
+it registers what keeping each is worth (it knows what the cache holds elsewhere and what each
+object is worth); without that the tier's own rule decides.
 
 Concurrency: all coroutines may be called concurrently from tasks of one event loop. A `get`
 that overlaps a `delete` of the same key returns either the whole object or ``None``. The owner
@@ -52,9 +52,9 @@ from tierkv.formats.value import ObjectMeta, Payload
 
 #: what `Tier.set_drop_listener` registers: called with the keys a tier dropped on its own
 DropListener = Callable[[Sequence[bytes]], None]
-#: what `Tier.set_reclaim_filter` registers: whether a live entry of a region being reclaimed
-#: is copied forward (True) or dropped
-ReclaimFilter = Callable[[bytes], bool]
+#: what `Tier.set_reclaim_worth` registers: what copying a live entry of a region being
+#: reclaimed forward is worth (0 or less: drop it)
+ReclaimWorth = Callable[[bytes], float]
 
 
 class TierState(enum.Enum):
@@ -91,7 +91,7 @@ class Tier(ABC):
         self.state = TierState.CREATED
         self._drop_listener: DropListener | None = None
         self._space_listener: Callable[[], None] | None = None
-        self._reclaim_filter: ReclaimFilter | None = None
+        self._reclaim_worth: ReclaimWorth | None = None
 
     def set_drop_listener(self, listener: DropListener | None) -> None:
         """Call `listener(keys)` whenever the tier drops keys on its own (see the module
@@ -104,12 +104,14 @@ class Tier(ABC):
         room learn of it."""
         self._space_listener = listener
 
-    def set_reclaim_filter(self, keep: ReclaimFilter | None) -> None:
-        """For a tier that reclaims space (`reclaims_space`): ask `keep(key)`, for each live
-        entry of a region it reclaims, whether to copy the entry forward rather than drop it;
-        called on the loop, synchronously, before the reclaim reads anything. ``None``: the
+    def set_reclaim_worth(self, worth: ReclaimWorth | None) -> None:
+        """For a tier that reclaims space (`reclaims_space`): ask `worth(key)`, for each live
+        entry of a region it reclaims, what copying the entry forward rather than dropping it
+        is worth; entries worth more than 0 are copied, the most valuable first, as far as
+        they leave room for what the reclaim is for. Called on the loop, synchronously, before
+        the reclaim reads anything (and again for the rest after its reads). ``None``: the
         tier's own rule decides. Other tiers ignore it."""
-        self._reclaim_filter = keep
+        self._reclaim_worth = worth
 
     def _space_freed(self) -> None:
         if self._space_listener is not None:

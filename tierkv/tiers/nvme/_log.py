@@ -2,7 +2,7 @@
 
 Separate from the tier's public surface because it is the space policy mechanism of the log:
 which region a reclaim takes (`eviction`, `Region.shadows`), which of its entries are copied back
-(the owner's reclaim filter, else `reinsert_hits`), and reading an entry back (shared with
+(by the owner's worth, else `reinsert_hits`), and reading an entry back (shared with
 `get`). `RegionLog` holds the tier's `LogState` and the write-behind (`RegionWrites`) it seals
 regions with. Appends, rotations and reclaims run under the state's lock; reads do not.
 
@@ -334,25 +334,32 @@ class RegionLog:
     def _hot_keys(self, victim: Region, room: int, asked: set[bytes],
                   taken: list[HotEntry]) -> list[bytes]:
         """The entries of `victim` to copy forward besides those `asked` for already (read into
-        `taken`): those the owner's filter keeps, else those read at least `reinsert_hits` times
-        (none where it is 0), as long as they leave `room` bytes of the new head free, so that
-        a reclaim always makes the room it was for (a filter that kept every entry would
-        otherwise have the log rewrite region after region without freeing a byte)."""
+        `taken`): those the owner says are worth it, else those read at least `reinsert_hits`
+        times (none where it is 0), the most valuable (most read) first, as long as they leave
+        `room` bytes of the new head free, so that a reclaim always makes the room it was for
+        (an owner that valued every entry would otherwise have the log rewrite region after
+        region without freeing a byte)."""
         st = self._st
         threshold = st.config.reinsert_hits
         if not threshold:
             return []
-        keep = st.reclaim_filter
+        worth = st.reclaim_worth
         budget = st.config.region_size - st.align - room
         budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
-        chosen = []
+        candidates: list[tuple[float, bytes, int]] = []
         for key in st.index.keys_in_region(victim.index):
             loc = st.index.get(key)
-            if (key in asked or loc is None or loc.length > budget
-                    or not (keep(key) if keep is not None else loc.hits >= threshold)):
+            if key in asked or loc is None:
                 continue
-            budget -= loc.length
-            chosen.append(key)
+            value = worth(key) if worth is not None else loc.hits - threshold + 1
+            if value > 0:
+                candidates.append((value, key, loc.length))
+        candidates.sort(key=lambda candidate: -candidate[0])  # stable: ties in index order
+        chosen = []
+        for _value, key, length in candidates:
+            if length <= budget:
+                budget -= length
+                chosen.append(key)
         return chosen
 
     async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:

@@ -19,7 +19,7 @@ from tierkv.config import NvmeTierConfig
 from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import ENTRY_GRANULARITY, SUPERBLOCK_SIZE, Superblock
 from tierkv.formats.value import ObjectMeta
-from tierkv.tiers.base import ReclaimFilter
+from tierkv.tiers.base import ReclaimWorth
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._index import Location, NvmeIndex
 from tierkv.tiers.nvme._regions import Region, RegionState, RegionTable, Superseded
@@ -54,7 +54,7 @@ class LogState:
 
     __slots__ = ("changed", "config", "counters", "device", "failures", "failures_raised",
                  "flushes", "head", "index", "io", "last_flush", "live", "lock", "lost", "name",
-                 "next_seq", "on_drop", "pool", "reclaim_filter", "recovered_from",
+                 "next_seq", "on_drop", "pool", "reclaim_worth", "recovered_from",
                  "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
                  "superseded", "tick",
                  "write_error")
@@ -83,9 +83,9 @@ class LogState:
         self.changed = asyncio.Event()
         #: told of every key the log drops on its own, in the step that drops it (`drop`)
         self.on_drop = on_drop
-        #: the owner's choice of the entries a reclaim copies forward (`Tier.set_reclaim_filter`);
-        #: ``None``: those read at least `reinsert_hits` times
-        self.reclaim_filter: ReclaimFilter | None = None
+        #: what the owner says each entry a reclaim may copy forward is worth
+        #: (`Tier.set_reclaim_worth`); ``None``: those read at least `reinsert_hits` times
+        self.reclaim_worth: ReclaimWorth | None = None
         #: keys dropped and not yet returned by a `put` (which returns them all, see `drop`)
         self.lost: list[bytes] = []
         self.superseded: list[Superseded] = []

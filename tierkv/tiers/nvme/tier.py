@@ -17,10 +17,10 @@ whole blocks, into a pooled aligned buffer and the entry is copied out, so the c
 Space: `capacity` is the region area (region count times region size) less the regions kept
 FREE for the checkpoint (see Recovery). When no region is free beyond those, puts reclaim a
 whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read (``"lru"``)
-— that no read is using: its entries that the owner's reclaim filter keeps
-(`Tier.set_reclaim_filter`; without one, those read at least `reinsert_hits` times since they
-were written; none where `reinsert_hits` is 0) are copied into the head as far as they leave
-room for the entry that needed it, the rest are dropped and their keys returned by that
+— that no read is using: its entries that the owner values (`Tier.set_reclaim_worth`,
+most valuable first; without it, those read at least `reinsert_hits` times since they were
+written, most read first; none where `reinsert_hits` is 0) are copied into the head as far as
+they leave room for the entry that needed it, the rest are dropped and their keys returned by that
 `put` (keys dropped by a reclaim inside `delete`, or inside a `put` that was cancelled,
 are returned by the next `put`). Every key the tier drops on its own (reclaim, a failed region
 write, an entry failing its checksum at `get`) is reported to the drop listener
@@ -121,7 +121,7 @@ from tierkv.errors import ConfigError, TierFullError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, TOMBSTONE, entry_size
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
-from tierkv.tiers.base import ReclaimFilter, RecoveredObject, Tier
+from tierkv.tiers.base import ReclaimWorth, RecoveredObject, Tier
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
 from tierkv.tiers.nvme._device import make_backend, open_device
 from tierkv.tiers.nvme._flush import LogFlush
@@ -206,9 +206,9 @@ class NvmeTier(Tier):
         return self.can_ever_hold(nbytes)
 
     # -- lifecycle -------------------------------------------------------------------------------
-    def set_reclaim_filter(self, keep: ReclaimFilter | None) -> None:
-        super().set_reclaim_filter(keep)
-        self._st.reclaim_filter = keep
+    def set_reclaim_worth(self, worth: ReclaimWorth | None) -> None:
+        super().set_reclaim_worth(worth)
+        self._st.reclaim_worth = worth
 
     async def _open(self) -> list[RecoveredObject]:
         st = self._st
