@@ -274,9 +274,9 @@ class RegionLog:
         asked: set[bytes] = set()
         hot: list[HotEntry] = []
         while more := self._hot_keys(victim, room, asked, hot):
-            # the filter's answers may change while the reads await (another tier let its copy
-            # of an object go, and this one is now its last durable copy): ask again about the
-            # rest, until the answers hold across the reads
+            # what the owner says an entry is worth may change while the reads await (another
+            # tier let its copy of an object go, and this one is now its last durable copy):
+            # ask again about the rest, until the answers hold across the reads
             asked.update(more)
             hot += await self._read_hot(victim, more)
         # from here on no await: the index lets go of the victim in this step
