@@ -339,6 +339,26 @@ async def test_a_missing_server_fails_the_open() -> None:
     await tier.close()
 
 
+def connected_clients(server: RedisServer) -> int:
+    info = server.command("INFO", "clients")
+    assert isinstance(info, bytes)
+    line = next(line for line in info.splitlines() if line.startswith(b"connected_clients:"))
+    return int(line.split(b":")[1])
+
+
+async def test_an_open_that_fails_after_connecting_leaves_no_connection(
+        fresh_redis_server: RedisServer) -> None:
+    """The fleet's log key holds a string (another program's): the open answers its ping, then
+    fails reading the log, and closes the connections it made on the way."""
+    server = fresh_redis_server
+    tier = RedisTier(shared(server.url))
+    server.command("SET", tier.config.key_prefix.encode() + b"{fleet}:invalidations", "x")
+    before = connected_clients(server)  # this query's own connection only
+    with pytest.raises(DeviceError):
+        await tier.open()
+    assert connected_clients(server) == before
+
+
 async def test_a_unix_socket_url() -> None:
     with RedisServer(unix_socket=True) as server:
         assert server.unix_socket is not None

@@ -108,7 +108,14 @@ class RedisTier(Tier):
         self._follower = make_client(self.config)
         self.fleet = Fleet(self.config, self._client, self._call, self._follower,
                            self._unpooled)
-        await self.fleet.start()
+        try:
+            await self.fleet.start()
+        except BaseException:
+            # an open that fails leaves no connection behind (nothing will close this tier)
+            await self.fleet.stop()
+            self.fleet = None
+            await self._disconnect()
+            raise
         return []
 
     async def _close(self) -> None:
