@@ -27,7 +27,6 @@ so that a scan never brings back what it held, while it waits, FREE, for the che
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 from tierkv.config import RegionEviction
 from tierkv.errors import CorruptObjectError, DeviceError
@@ -42,20 +41,11 @@ from tierkv.formats.nvme_layout import (
 )
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.nvme._index import Location
+from tierkv.tiers.nvme._keep import HotEntry, entries_to_keep
 from tierkv.tiers.nvme._regions import Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._tasks import settle, spawn
 from tierkv.tiers.nvme._writes import WRITE_CHUNK, RegionWrites
-
-
-@dataclass(frozen=True, slots=True)
-class HotEntry:
-    """An entry of a reclaimed region read back to be copied into the new head."""
-
-    key: bytes
-    meta: ObjectMeta
-    header: bytes
-    payload: bytes
 
 
 class RegionLog:
@@ -273,7 +263,7 @@ class RegionLog:
             victim = min(victims, key=lambda r: r.seq)
         asked: set[bytes] = set()
         hot: list[HotEntry] = []
-        while more := self._hot_keys(victim, room, asked, hot):
+        while more := entries_to_keep(st, victim, room, asked, hot):
             # what the owner says an entry is worth may change while the reads await (another
             # tier let its copy of an object go, and this one is now its last durable copy):
             # ask again about the rest, until the answers hold across the reads
@@ -330,37 +320,6 @@ class RegionLog:
         waiting = [r for r in st.regions if victim.index in r.shadows]
         spawn(self._writes.write_empty(victim, seq, waiting), victim.writes)
         st.reserve.hold(st.index, st.reserve.held)
-
-    def _hot_keys(self, victim: Region, room: int, asked: set[bytes],
-                  taken: list[HotEntry]) -> list[bytes]:
-        """The entries of `victim` to copy forward besides those `asked` for already (read into
-        `taken`): those the owner says are worth it, else those read at least `reinsert_hits`
-        times (none where it is 0), the most valuable (most read) first, as long as they leave
-        `room` bytes of the new head free, so that a reclaim always makes the room it was for
-        (an owner that valued every entry would otherwise have the log rewrite region after
-        region without freeing a byte)."""
-        st = self._st
-        threshold = st.config.reinsert_hits
-        if not threshold:
-            return []
-        worth = st.reclaim_worth
-        budget = st.config.region_size - st.align - room
-        budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
-        candidates: list[tuple[float, bytes, int]] = []
-        for key in st.index.keys_in_region(victim.index):
-            loc = st.index.get(key)
-            if key in asked or loc is None:
-                continue
-            value = worth(key) if worth is not None else loc.hits - threshold + 1
-            if value > 0:
-                candidates.append((value, key, loc.length))
-        candidates.sort(key=lambda candidate: -candidate[0])  # stable: ties in index order
-        chosen = []
-        for _value, key, length in candidates:
-            if length <= budget:
-                budget -= length
-                chosen.append(key)
-        return chosen
 
     async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:
         st = self._st

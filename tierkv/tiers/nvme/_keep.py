@@ -1,0 +1,57 @@
+"""Which entries of a region the NVMe log reclaims are copied forward into the new head.
+
+Apart from `_log` because it is the log's one piece of policy input: the owner's worth of each
+entry (`Tier.set_reclaim_worth`: the engine's scheduler) or, without an owner, the tier's own
+rule (`reinsert_hits`), and the room rule that makes every reclaim free what it was for. No
+await: the log calls it before its reads and again after them (see `RegionLog._free_victim`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tierkv.formats.nvme_layout import entry_size
+from tierkv.formats.value import ObjectMeta
+from tierkv.tiers.nvme._regions import Region
+from tierkv.tiers.nvme._state import LogState
+
+
+@dataclass(frozen=True, slots=True)
+class HotEntry:
+    """An entry of a reclaimed region read back to be copied into the new head."""
+
+    key: bytes
+    meta: ObjectMeta
+    header: bytes
+    payload: bytes
+
+
+def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
+                    taken: list[HotEntry]) -> list[bytes]:
+    """The entries of `victim` to copy forward besides those `asked` for already (read into
+    `taken`): those the owner says are worth it, else those read at least `reinsert_hits`
+    times (none where it is 0), the most valuable (most read) first, as long as they leave
+    `room` bytes of the new head free, so that a reclaim always makes the room it was for
+    (an owner that valued every entry would otherwise have the log rewrite region after
+    region without freeing a byte)."""
+    threshold = st.config.reinsert_hits
+    if not threshold:
+        return []
+    worth = st.reclaim_worth
+    budget = st.config.region_size - st.align - room
+    budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
+    candidates: list[tuple[float, bytes, int]] = []
+    for key in st.index.keys_in_region(victim.index):
+        loc = st.index.get(key)
+        if key in asked or loc is None:
+            continue
+        value = worth(key) if worth is not None else loc.hits - threshold + 1
+        if value > 0:
+            candidates.append((value, key, loc.length))
+    candidates.sort(key=lambda candidate: -candidate[0])  # stable: ties in index order
+    chosen = []
+    for _value, key, length in candidates:
+        if length <= budget:
+            budget -= length
+            chosen.append(key)
+    return chosen
