@@ -239,7 +239,14 @@ async def test_write_through_objects_survive_demotion_into_a_failing_log(
             if i == 50:
                 plan.add("nvme", "torn", rate=0.3)
         await kv.settle()
-        assert kv.stats()["engine"]["demotions"].get("nvme", 0) > 100
+        stats = kv.stats()
+        # all but the pool's last objects left it for the log: by a demotion, or by an
+        # eviction where the log held a copy already (a demotion whose flush failed leaves
+        # both); how many went which way depends on where the tears fell (demotions alone
+        # were 43-200 over 60 runs)
+        assert stats["engine"]["evictions"]["pmem"] >= 200
+        assert stats["engine"]["demotions"].get("nvme", 0) > 0
+        assert stats["tiers"]["nvme"]["entries"] >= 200
     assert plan.fired["nvme:torn"] > 0
     async with tierkv.open(cfg) as reopened:
         for key, data in acked.items():
