@@ -81,7 +81,7 @@ class Scheduler:
         #: bit i set: a copy in tier i outlives a restart (a persistent tier, or the shared
         #: one, which the index does not count as volatile either)
         self._lasting = sum(1 << index for index, tier in enumerate(self._tiers)
-                            if tier.persistent or getattr(tier, "shared", False))
+                            if tier.persistent or index == self.shared)
         self._scored: tuple[ScoredPolicy, ...] = ()
         if self.scored:
             # the recency order is kept only where a TTL asks for idle keys (`ttls` unknown: all)

@@ -91,7 +91,6 @@ class Tier(ABC):
         self.state = TierState.CREATED
         self._drop_listener: DropListener | None = None
         self._space_listener: Callable[[], None] | None = None
-        self._reclaim_worth: ReclaimWorth | None = None
 
     def set_drop_listener(self, listener: DropListener | None) -> None:
         """Call `listener(keys)` whenever the tier drops keys on its own (see the module
@@ -110,8 +109,8 @@ class Tier(ABC):
         is worth; entries worth more than 0 are copied, the most valuable first, as far as
         they leave room for what the reclaim is for. Called on the loop, synchronously, before
         the reclaim reads anything (and again for the rest after its reads). ``None``: the
-        tier's own rule decides. Other tiers ignore it."""
-        self._reclaim_worth = worth
+        tier's own rule decides. Other tiers ignore it (this default)."""
+        del worth  # a tier that frees objects one by one reclaims no regions
 
     def _space_freed(self) -> None:
         if self._space_listener is not None:

@@ -207,7 +207,6 @@ class NvmeTier(Tier):
 
     # -- lifecycle -------------------------------------------------------------------------------
     def set_reclaim_worth(self, worth: ReclaimWorth | None) -> None:
-        super().set_reclaim_worth(worth)
         self._st.reclaim_worth = worth
 
     async def _open(self) -> list[RecoveredObject]:
