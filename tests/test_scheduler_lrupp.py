@@ -402,6 +402,57 @@ def test_a_hit_below_is_promoted_when_the_top_tier_has_room_or_it_outranks_the_t
     assert scheduler.on_hit(cold, 1) == Promote(b"cold", 1, 10, 1, 0, exclusive=True)
 
 
+def test_a_hit_is_promoted_only_when_its_next_read_is_due_within_the_top_tiers_ttl() -> None:
+    """A copy the first tier's TTL would move out before the object's next read is a write for
+    nothing that holds the room of another object meanwhile."""
+    tiers = [Shape(50), Shape(1000, persistent=True)]
+    scheduler = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRUPP),
+                          ttls=[5.0, None])
+    scheduler.admitted(1, b"often", 0.0)
+    scheduler.admitted(1, b"seldom", 0.0)
+    for t in (2.0, 4.0, 6.0):
+        scheduler.accessed(1, b"often", t)  # read every 2 s
+    scheduler.accessed(1, b"seldom", 60.0)  # read a minute after it came
+    assert scheduler.on_hit(Obj(b"often", locations=[1]), 1) == Promote(
+        b"often", 1, 10, 1, 0, exclusive=False)
+    assert scheduler.on_hit(Obj(b"seldom", locations=[1]), 1) is None
+
+    no_ttl = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRUPP), ttls=[None, None])
+    no_ttl.admitted(1, b"seldom", 0.0)
+    no_ttl.accessed(1, b"seldom", 60.0)  # room on top and no TTL: it stays until read again
+    assert no_ttl.on_hit(Obj(b"seldom", locations=[1]), 1) == Promote(
+        b"seldom", 1, 10, 1, 0, exclusive=False)
+
+
+def test_into_a_full_top_a_hit_is_promoted_only_if_read_again_before_its_rank_is_reached() -> None:
+    """Ranks of what a full tier lets go rise by beta a second, so a copy ranked d above the
+    next victim stays about d / beta seconds: a promotion needs the next read due sooner."""
+    beta = 0.01
+    tiers = [Shape(50, used=50), Shape(1000, persistent=True)]
+    scheduler = lrupp(tiers, alpha=1.0, beta=beta)
+    scheduler.admitted(0, b"victim", 100.0)  # rank log(1) + 100 beta
+    for key, gap in ((b"due", 20.0), (b"late", 100.0)):
+        scheduler.admitted(1, key, 110.0 - gap)
+        scheduler.accessed(1, key, 110.0)  # both: rank log(2) + 110 beta, interval `gap`
+    stay = (math.log(2.0) + 110 * beta - 100 * beta) / beta  # about 79 s
+    assert 20.0 < stay < 100.0
+    assert scheduler.on_hit(Obj(b"due", locations=[1]), 1) == Promote(
+        b"due", 1, 10, 1, 0, exclusive=False)
+    assert scheduler.on_hit(Obj(b"late", locations=[1]), 1) is None  # outranks it all the same
+
+
+def test_a_chain_is_not_warmed_when_it_is_read_less_often_than_the_top_tier_keeps_blocks() -> None:
+    tiers = [Shape(1000), Shape(1000, persistent=True)]
+    scheduler = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRUPP),
+                          ttls=[5.0, None])
+    scheduler.admitted(0, b"root", 0.0)
+    scheduler.admitted(1, b"next", 0.0, parents=[b"root"])
+    scheduler.accessed(0, b"root", 2.0)  # the chain is read every 2 s: its blocks are warmed
+    assert scheduler.following(b"root", 4, 10) == [b"next"]
+    scheduler.accessed(0, b"root", 302.0)  # now every minute or so (interval 61.6 s)
+    assert scheduler.following(b"root", 4, 10) == []
+
+
 def test_the_lru_baseline_promotes_every_hit_below_even_into_a_full_top() -> None:
     tiers = [Shape(50, used=50), Shape(1000, persistent=True)]
     scheduler = Scheduler(tiers, SchedulerConfig(policy=EvictionPolicy.LRU, exclusive=True))
@@ -409,7 +460,7 @@ def test_the_lru_baseline_promotes_every_hit_below_even_into_a_full_top() -> Non
     scheduler.admitted(1, b"cold", 0.0)
     assert scheduler.on_hit(Obj(b"cold", locations=[1]), 1) == Promote(
         b"cold", 1, 10, 1, 0, exclusive=True)
-    assert scheduler.following(b"cold", 4) == []  # no chains without lru++
+    assert scheduler.following(b"cold", 4, 10) == []  # no chains without lru++
 
 
 def test_inclusive_promotions_keep_the_lower_copy() -> None:
@@ -540,15 +591,15 @@ def test_following_walks_the_best_ranked_child_chain_up_to_depth() -> None:
     scheduler.admitted(0, b"y2", 3.0, parents=[b"y"])
     scheduler.admitted(0, b"y3", 3.0, parents=[b"y2"])
     scheduler.admitted(0, b"y4", 3.0, parents=[b"y3"])
-    assert scheduler.following(b"root", 2) == [b"y", b"y2"]
-    assert scheduler.following(b"root", 10) == [b"y", b"y2", b"y3", b"y4"]
-    assert scheduler.following(b"root", 0) == []
-    assert scheduler.following(b"y4", 4) == []
-    assert scheduler.following(b"unknown", 4) == []
+    assert scheduler.following(b"root", 2, 10) == [b"y", b"y2"]
+    assert scheduler.following(b"root", 10, 10) == [b"y", b"y2", b"y3", b"y4"]
+    assert scheduler.following(b"root", 0, 10) == []
+    assert scheduler.following(b"y4", 4, 10) == []
+    assert scheduler.following(b"unknown", 4, 10) == []
     scheduler.accessed(0, b"x", 50.0)  # x now outranks y
-    assert scheduler.following(b"root", 3) == [b"x"]
+    assert scheduler.following(b"root", 3, 10) == [b"x"]
     scheduler.removed(0, b"x")  # a child that left is no longer followed
-    assert scheduler.following(b"root", 2) == [b"y", b"y2"]
+    assert scheduler.following(b"root", 2, 10) == [b"y", b"y2"]
 
 
 # -- bookkeeping -----------------------------------------------------------------------------

@@ -306,6 +306,39 @@ async def test_a_promotion_moves_the_object_unless_placement_is_inclusive(
         assert kv.stats()["engine"]["hits"]["gpu"] == 1
 
 
+async def test_a_hit_is_promoted_only_when_its_next_read_is_due_within_the_first_tiers_ttl(
+        tmp_path: Path) -> None:
+    """lru++: an object read a minute after its last read would leave a gpu with a 5 s TTL
+    before a next read a minute on, so its hit is served from below and not promoted (the
+    copy would be a write for nothing); an object read again within a second is promoted."""
+    tiers = [gpu_tier(capacity=64 * KiB, slot_size=4 * KiB, ttl="5s"),
+             nvme_tier(tmp_path, capacity=16 * MiB)]
+    clock = Clock()
+    values = {f"k{i}": os.urandom(4000) for i in range(24)}
+    async with tierkv.open(config_of(tiers), clock=clock) as kv:
+        for key, value in values.items():
+            clock.now += 0.01
+            await kv.put(key, value)
+        await kv.settle()
+        assert await where(kv, ["k0", "k1"]) == ["nvme", "nvme"]
+        on_top = [key for key, tier in zip(values, await where(kv, list(values)), strict=True)
+                  if tier == "gpu"]
+        for key in on_top[:6]:
+            assert await kv.delete(key)  # room on top: no promotion needs an eviction
+        await kv.settle()
+        clock.now += 0.5  # k0 is read half a second after its put
+        assert await kv.get("k0") == values["k0"]
+        await kv.settle()
+        assert await kv.locate("k0") == "gpu"
+        assert kv.stats()["engine"]["promotions"] == {"gpu": 1}
+        clock.now += 60.0  # k1 a minute after its put
+        assert await kv.get("k1") == values["k1"]
+        await kv.settle()
+        assert await kv.locate("k1") == "nvme"
+        assert kv.stats()["engine"]["promotions"] == {"gpu": 1}
+        assert kv.stats()["engine"]["hits"]["nvme"] == 2
+
+
 # -- prefetch --------------------------------------------------------------------------------
 async def demoted_chain(kv: Engine, clock: Clock, blocks: Sequence[BlockKey]) -> None:
     """Put `blocks` as a chain, then enough newer objects that the chain (the oldest, lowest

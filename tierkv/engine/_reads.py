@@ -155,8 +155,9 @@ class Reads:
 
     def _follow_chain(self, key: bytes, skip: Sequence[bytes] = ()) -> None:
         depth = self._st.config.scheduler.prefetch_depth
-        if depth:
-            following = self._st.scheduler.following(key, depth)
+        entry = self._st.index.get(key)
+        if depth and entry is not None:
+            following = self._st.scheduler.following(key, depth, entry.nbytes)
             if following:
                 self.prefetch([k for k in following if k not in skip])
 

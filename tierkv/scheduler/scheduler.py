@@ -82,6 +82,8 @@ class Scheduler:
         #: one, which the index does not count as volatile either)
         self._lasting = sum(1 << index for index, tier in enumerate(self._tiers)
                             if tier.persistent or index == self.shared)
+        #: each tier's idle TTL (None: none), which bounds how long a copy stays there unread
+        self._ttls = tuple(ttls) if ttls is not None else (None,) * len(self._tiers)
         self._scored: tuple[ScoredPolicy, ...] = ()
         if self.scored:
             # the recency order is kept only where a TTL asks for idle keys (`ttls` unknown: all)
@@ -305,11 +307,16 @@ class Scheduler:
         return Promote(copies.key, copies.generation, copies.nbytes, locations[0], top,
                        self._moves_up(locations[0]))
 
-    def following(self, key: bytes, depth: int) -> list[bytes]:
-        """Up to `depth` blocks after `key` in its chain, nearest first: at each step the
-        best-ranked child (a prefix read of block i reads block i+1 next)."""
+    def following(self, key: bytes, depth: int, nbytes: int) -> list[bytes]:
+        """Up to `depth` blocks after `key` (just read, of `nbytes`) in its chain, nearest
+        first: at each step the best-ranked child (a prefix read of block i reads block i+1
+        next). None where the next read of the chain is not due before a warmed copy of a
+        block like `key` would leave the first tier (`_read_within`, at `key`'s interval)."""
         chain: list[bytes] = []
-        if not self.scored:
+        if not self.scored or not self._read_within(0, key,
+                                                    full=not self._tiers[0].fits(nbytes)):
+            # the chain is read again about as often as `key` is: a warmed block would have
+            # left the first tier before the next read reached it
             return chain
         book = self.book
         while len(chain) < depth:
@@ -322,7 +329,34 @@ class Scheduler:
         return chain
 
     def _earns(self, tier: int, key: bytes, nbytes: int) -> bool:
-        if self._tiers[tier].fits(nbytes):
-            return True
-        lowest = self._scored[tier].lowest()
-        return lowest is None or self._scored[tier].standing(key) > lowest
+        """Whether a copy of `key` in `tier` is worth its write: it outranks what the tier
+        would give up for it (where the tier is full), and it is likely to be read there
+        before the tier lets it go (`_read_within`)."""
+        full = not self._tiers[tier].fits(nbytes)
+        if full:
+            lowest = self._scored[tier].lowest()
+            if lowest is not None and self._scored[tier].standing(key) <= lowest:
+                return False
+        return self._read_within(tier, key, full=full)
+
+    def _read_within(self, tier: int, key: bytes, *, full: bool) -> bool:
+        """Whether `key`'s next read is due before a copy of it entering `tier` now would leave
+        unread: its usual interval between reads (`Score.interval`) against the copy's expected
+        stay. The stay is at most the tier's TTL; where the tier is `full`, it lasts until the
+        ranks of what the tier lets go reach the key's, and those rise by `beta` a second (a
+        rank is ``log(count) + beta * last``), so a copy ranked d above the next victim stays
+        about d / beta seconds: the tier's characteristic time, as Che's approximation has it
+        for LRU. A copy that leaves before its next read was a write for nothing, and while it
+        stayed it took the room of another object (a promotion keeps the lower copy)."""
+        score = self.book.get(key)
+        if score is None:
+            return True  # no reads seen to judge by
+        ttl = self._ttls[tier]
+        stay = math.inf if ttl is None else ttl
+        beta = self.book.beta
+        if full and beta > 0:
+            lowest = self._scored[tier].lowest()
+            standing = self._scored[tier].standing(key)
+            if lowest is not None and standing[0] == lowest[0]:  # else orphans go first
+                stay = min(stay, max(standing[1] - lowest[1], 0.0) / beta)
+        return score.interval < stay
