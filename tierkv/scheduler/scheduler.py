@@ -12,7 +12,8 @@ Two policies (`[scheduler] policy`): ``lru`` keeps each tier in least-recently-u
 every demotion and promotes every hit below the first tier (the baseline); ``lru++`` ranks keys by
 LRU++ score with the prefix rules (`tierkv.scheduler.lrupp`), admits demotions into persistent
 tiers through an adaptive frequency filter (`tierkv.scheduler.admission`), and promotes a hit only
-when its score outranks what the upper tier would give up for it.
+when its score outranks what the upper tier would give up for it and its next read is due before
+the copy would leave that tier unread.
 """
 
 from __future__ import annotations
