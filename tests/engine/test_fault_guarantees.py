@@ -413,6 +413,46 @@ async def test_every_tier_failing_is_answered_and_recovered_from(tmp_path: Path)
                                                                   "closed")] == [1, 1, 1]
 
 
+# -- a flush never passes over the persistent tiers for their open breakers -------------------
+@pytest.mark.pmem
+async def test_a_flush_writes_into_tiers_whose_breakers_are_open(tmp_path: Path) -> None:
+    """gpu → pmem → nvme, write-back. Ten objects are put while every persistent tier fails
+    (EIO): each flush raises, and the breakers open (a 30 s cool-down keeps them open for the
+    test). Then the devices heal. A put would pass over both tiers now, but a flush has nowhere
+    else to put what only memory holds: it writes into them anyway, so the close that follows
+    makes the objects durable instead of returning with them lost, and the reopen serves every
+    one byte for byte. While the devices still fail, a close says so (`DeviceError`)."""
+    cfg = config(tmp_path, ("gpu", "pmem", "nvme"), gpu={"capacity": 4 * MiB,
+                                                          "slot_size": 4 * KiB})
+    cfg["health"]["cooldown"] = "30s"
+    plan = FaultPlan()
+    stored = {f"k{i}": value(f"k{i}", 0, 2000) for i in range(10)}
+
+    async def put_while_failing(kv: tierkv.Engine) -> None:
+        plan.add("pmem", "eio", rate=1.0).add("nvme", "eio", rate=1.0)
+        for key, data in stored.items():
+            await kv.put(key, data)  # into the gpu tier: write-back
+        for _ in range(3):
+            with pytest.raises(DeviceError):
+                await kv.flush()
+        assert breakers(kv) == {"gpu": "closed", "pmem": "open", "nvme": "open"}
+
+    plan.enabled = False
+    kv = await open_with_faults(cfg, plan)
+    plan.enabled = True
+    await put_while_failing(kv)
+    with pytest.raises(DeviceError):
+        await kv.close()  # the devices still fail: the objects could not be made durable
+
+    async with faulty_engine(cfg, plan) as kv:
+        await put_while_failing(kv)
+        plan.enabled = False  # the devices heal; the breakers stay open
+        await kv.flush()
+        assert breakers(kv)["nvme"] == "open"
+    async with faulty_engine(cfg, plan) as kv:
+        assert await kv.get_many(list(stored)) == list(stored.values())
+
+
 # -- background migration moves nothing into an open-breaker tier -----------------------------
 @pytest.mark.pmem
 async def test_migration_moves_nothing_into_an_open_tier(tmp_path: Path) -> None:

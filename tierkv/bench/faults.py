@@ -170,13 +170,18 @@ async def _open(config: Config, plan: FaultPlan) -> Any:
 CORRUPTION_COUNTERS = ("checksum_failures", "checksum_misses", "corrupt_freed_at_open", "corrupt")
 
 
+def _corruption(stats: dict[str, Any]) -> int:
+    """The corruption the tiers caught since the engine opened."""
+    return sum(tier.get(name, 0) for tier in stats["tiers"].values()
+               for name in CORRUPTION_COUNTERS)
+
+
 async def _close(kv: Any, run: _Run, logs: list[_KeyLog]) -> None:
     """Close, the engine's figures kept first; when the close returns, what each key holds is
     its last attempt (and durable if put)."""
     stats = kv.stats()
     run.transitions.update(stats["engine"]["breaker_transitions"])
-    run.detected += sum(tier.get(name, 0) for tier in stats["tiers"].values()
-                        for name in CORRUPTION_COUNTERS)
+    run.detected += _corruption(stats)
     try:
         await _within(kv.close(), run)
     except TimeoutError:
@@ -265,6 +270,7 @@ async def _epoch(config: Config, run: _Run, epoch: int, done: int) -> int:
             found = await kv.get_many([log.name for log in logs])
             for log, got in zip(logs, found, strict=True):
                 _check(run, log, got, final=True)
+            run.detected += _corruption(kv.stats())  # what the reads back caught
         finally:
             with contextlib.suppress(TierKVError):
                 await kv.close()

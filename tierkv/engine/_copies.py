@@ -71,11 +71,12 @@ class CopyOps:
                 self._st.counters.drops += 1
 
     async def store(self, entry: IndexEntry, payload: Payload, start: int, claim: Claim, *,
-                    fall_through: bool = True) -> int:
+                    fall_through: bool = True, insist: bool = False) -> int:
         """Write a copy into `start` or, if it cannot take one, into the next tier down that can
         (`fall_through`). A tier that is full but has victims to move out is waited for
         (backpressure); a tier that can make no room (everything pinned or busy) or fails is
-        skipped. Returns the tier written.
+        skipped. Returns the tier written. `insist` (a flush): the writes are made whatever the
+        tiers' breakers say (`Guard.insist`), and fall through to persistent tiers only.
 
         Raises `TierFullError` when a tier stayed full for `space_timeout` or no tier took the
         object, `DeviceError` when the tiers that could take it failed (the last error), and
@@ -86,26 +87,29 @@ class CopyOps:
         tier: int | None = start
         while tier is not None:
             try:
-                if await self.store_in(entry, payload, tier, claim, wait=True):
+                if await self.store_in(entry, payload, tier, claim, wait=True, insist=insist):
                     return tier
             except DeviceError as exc:
                 st.device_failed(tier, "a write", exc)
                 failure = exc
             if not fall_through:
                 break
-            tier = st.scheduler.next_tier(entry.nbytes, tier)
+            tier = (st.scheduler.durable_tier(entry.nbytes, tier + 1, any_breaker=True) if insist
+                    else st.scheduler.next_tier(entry.nbytes, tier))
         if failure is not None:
             raise failure
         raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
 
     async def store_in(self, entry: IndexEntry, payload: Payload, tier: int, claim: Claim, *,
-                       wait: bool) -> bool:
+                       wait: bool, insist: bool = False) -> bool:
         """Write a copy into `tier` and record it; False if the tier has no room and cannot make
         any (or, without `wait`, has none now). A copy written for an entry that was detached
         meanwhile stays marked dirty: the key's scrub deletes it."""
         st = self._st
         device, space, nbytes = st.tiers[tier], st.spaces[tier], entry.nbytes
         deadline: float | None = None
+        guard = st.guards[tier]
+        write = guard.insist if insist else guard.write
         while True:
             # room a departure freed for writers it woke is theirs: a writer that came later and
             # took it sent them back to wait behind it, again and again, until some waited out
@@ -116,7 +120,7 @@ class CopyOps:
                                          and (deadline is not None or not space.promised)):
                 claim.mark(tier)
                 try:
-                    await st.guards[tier].write(device.put, entry.key, entry.meta, payload)
+                    await write(device.put, entry.key, entry.meta, payload)
                 except TierFullError:
                     claim.clear(tier)  # the put stored nothing
                 else:

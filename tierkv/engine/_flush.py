@@ -85,10 +85,15 @@ class Flusher:
         async with st.keys.hold(entry.key) as claim:
             if entry.detached or any(st.tiers[t].persistent for t in entry.locations):
                 return None
+            # a tier whose breaker is open is passed over only if another can take the copy:
+            # skipping them all returned a flush (and a close) with the objects only in memory
             durable = st.scheduler.durable_tier(entry.nbytes)
+            if durable is None:
+                durable = st.scheduler.durable_tier(entry.nbytes, any_breaker=True)
             if durable is None or not entry.locations:
                 return None
             async with self._copies.borrow(entry, entry.locations[0]) as payload:
                 if payload is not None:
-                    return await self._copies.store(entry, payload, durable, claim)
+                    return await self._copies.store(entry, payload, durable, claim,
+                                                    insist=True)
         return None

@@ -1,6 +1,6 @@
 """Each tier's circuit breaker, as the engine's calls into the tier see it.
 
-Every call the engine makes into a tier goes through the tier's `Guard`, one of four ways:
+Every call the engine makes into a tier goes through the tier's `Guard`, one of five ways:
 
 - `read` (get, get_many, the shared tier's lookups): skipped while the breaker is open
   (`TierUnavailableError`, a `DeviceError`: the caller reads the next copy, or misses); a read
@@ -17,6 +17,10 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
 - `delete`: never skipped (a delete is what keeps an invalidated object from coming back), but
   cut off at `slow_operation`: one that fails or is cut off is the caller's to record
   (`_tombstones`: retried at each flush, recorded so that a reopen never brings it back).
+- `insist` (a flush's copies, the engine's own records): made whatever the breaker says, cut
+  off at `slow_operation` like a write: a flush must make what it covers durable or fail, and a
+  breaker still open after its device healed must not turn it into a flush that returned with
+  the objects only in memory.
 - `settle` (flush, and the shared tier's deletes and invalidation notices, bounded by that
   tier's own timeout): never skipped, never cut off, only recorded: a flush is what makes an
   acknowledged object durable, and there is nothing to fall back to.
@@ -88,6 +92,15 @@ class Guard:
         (the caller records a delete that failed or was cut off: `_tombstones`)."""
         return await self._cut_off(self.breaker.allow(self._clock()), "a delete",
                                    "it is retried", call, *args, **kwargs)
+
+    async def insist(self, call: Callable[P, Awaitable[T]], *args: P.args,
+                     **kwargs: P.kwargs) -> T:
+        """A write a barrier needs (a flush's copy of an object no persistent tier holds): made
+        whatever the breaker says, cut off at `slow_operation` like a write. The breaker routes
+        foreground calls away from a failing device; a flush has nowhere else to go, and one
+        that passed over a healed device still in its cool-down returned with nothing durable."""
+        return await self._cut_off(self.breaker.allow(self._clock()), "a write",
+                                   "the flush fails", call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:

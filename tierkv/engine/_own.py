@@ -34,7 +34,9 @@ async def read_own(state: EngineState, key: bytes) -> list[tuple[ObjectMeta, mem
 async def keep_own(state: EngineState, key: bytes, data: bytes | None,
                    tier: int | None = None) -> None:
     """Write `data` as the engine's object `key` into `tier` (`data` None: keep none), then
-    delete its older copies. A failed write raises and changes nothing; an older copy whose
+    delete its older copies. The write is made whatever the tier's breaker says (a flush or a
+    close writes these records, and must not pass over a healed tier still in its cool-down). A
+    failed write raises and changes nothing; an older copy whose
     delete fails stays listed in `own` (logged): it is read again at the next open, where the
     newest copy wins."""
     held = list(state.own.get(key, []))
@@ -42,7 +44,7 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
         assert tier is not None, "a copy is written into a tier"
         meta, payload = encode_value(data)
         meta = meta.with_generation(state.index.new_entry(key, meta).generation)
-        await state.guards[tier].write(state.tiers[tier].put, key, meta, payload)
+        await state.guards[tier].insist(state.tiers[tier].put, key, meta, payload)
         held = [tier, *(other for other in held if other != tier)]
     for older in [other for other in held if data is None or other != tier]:
         try:

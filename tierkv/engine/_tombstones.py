@@ -104,8 +104,12 @@ class Tombstones:
             return
         record = encode_tombstones(bounds)
         failure: TierKVError | None = None
-        for tier, device in enumerate(st.tiers):
-            if not device.persistent or device.shared or not st.scheduler.usable[tier]:
+        # tiers whose breakers are open last, but tried: a flush records its refused deletes
+        # or fails (`keep_own` writes whatever the breaker says)
+        usable = st.scheduler.usable
+        for tier in sorted(range(len(st.tiers)), key=lambda tier: not usable[tier]):
+            device = st.tiers[tier]
+            if not device.persistent or device.shared:
                 continue
             try:
                 # an older record left behind stays true (generations only grow)

@@ -178,9 +178,12 @@ class Scheduler:
         """Where a write that the tier `after` could not take goes next."""
         return first_tier_for(self._tiers, nbytes, after + 1, self.usable)
 
-    def durable_tier(self, nbytes: int, start: int = 0) -> int | None:
-        """Where write-through and `flush` make an object durable."""
-        return first_persistent_for(self._tiers, nbytes, start, self.usable)
+    def durable_tier(self, nbytes: int, start: int = 0, *, any_breaker: bool = False
+                     ) -> int | None:
+        """Where write-through and `flush` make an object durable; with `any_breaker`, whatever
+        the tiers' breakers say (a flush's last resort: `Guard.insist`)."""
+        return first_persistent_for(self._tiers, nbytes, start,
+                                    None if any_breaker else self.usable)
 
     # -- moves -------------------------------------------------------------------------------
     def departures(self, tier: int, count: int, protected: Callable[[bytes], bool],
