@@ -147,6 +147,17 @@ def test_write_and_durable_tiers() -> None:
     assert scheduler.durable_tier(5000) == 2
 
 
+def test_a_barrier_writes_into_a_tier_whose_breaker_is_open_only_when_it_must() -> None:
+    scheduler = Scheduler(hierarchy(), SchedulerConfig())
+    scheduler.usable[1] = False
+    assert scheduler.durable_tier(50) == 2 and scheduler.barrier_tier(50) == 2
+    scheduler.usable[2] = False
+    assert scheduler.durable_tier(50) is None
+    assert scheduler.barrier_tier(50) == 1  # every persistent tier is open: the first
+    assert scheduler.barrier_tier(5000) == 2
+    assert scheduler.barrier_tier(50_000) is None  # none can ever hold it
+
+
 def test_watermarks() -> None:
     marks = Watermarks.of(1000, 0.05, 0.1)
     assert marks == Watermarks(50, 100)

@@ -87,9 +87,7 @@ class Flusher:
                 return None
             # a tier whose breaker is open is passed over only if another can take the copy:
             # skipping them all returned a flush (and a close) with the objects only in memory
-            durable = st.scheduler.durable_tier(entry.nbytes)
-            if durable is None:
-                durable = st.scheduler.durable_tier(entry.nbytes, any_breaker=True)
+            durable = st.scheduler.barrier_tier(entry.nbytes)
             if durable is None or not entry.locations:
                 return None
             async with self._copies.borrow(entry, entry.locations[0]) as payload:

@@ -114,7 +114,7 @@ class Shared:
         st = self._st
         if self.tier is None or self.tier.fleet is None:
             return
-        durable = st.scheduler.durable_tier(_CURSOR.size)
+        durable = st.scheduler.barrier_tier(_CURSOR.size)
         if durable is None:
             return  # nothing persistent: nothing to recover, nothing to describe
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)

@@ -185,6 +185,13 @@ class Scheduler:
         return first_persistent_for(self._tiers, nbytes, start,
                                     None if any_breaker else self.usable)
 
+    def barrier_tier(self, nbytes: int) -> int | None:
+        """Where `flush` writes what no persistent tier holds (and the engine's own records):
+        the durable tier, or, when every one that could hold it has its breaker open, the first
+        of those all the same: a barrier has nowhere else to go."""
+        durable = self.durable_tier(nbytes)
+        return self.durable_tier(nbytes, any_breaker=True) if durable is None else durable
+
     # -- moves -------------------------------------------------------------------------------
     def departures(self, tier: int, count: int, protected: Callable[[bytes], bool],
                    lookup: Lookup) -> list[Departure]:
