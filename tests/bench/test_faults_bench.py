@@ -81,7 +81,12 @@ def test_the_soak_runs_from_the_command_line(tmp_path: Path) -> None:
     assert counts["cancelled"] > 0 and counts["reopens"] > 0
     assert set(result["faults_fired"]) >= {"pmem:eio", "nvme:torn", "nvme:latency"}
     assert result["served_corrupt"] == result["served_stale"] == 0
-    assert result["lost_unexplained"] == 0 and result["stuck"] == 0
+    # where a loss came from, should one happen: the tiers the objects were last seen in, and
+    # what the last reopen recovered and let go
+    diagnostics = {name: result[name] for name in (
+        "lost", "checksum_failures_detected", "lost_from", "final_reopens", "counts",
+        "faults_fired", "breaker_transitions")}
+    assert result["lost_unexplained"] == 0 and result["stuck"] == 0, diagnostics
     goals = {row["case"]: row["meets_target"] for row in document["rows"]
              if row["meets_target"] is not None}
     assert goals and all(goals.values()), goals

@@ -32,6 +32,11 @@ after a reopen are reported apart (a delete or overwrite a failing device refuse
 as a tombstone at the next flush, `tierkv.engine._tombstones`; one it could not record, or one
 the shared tier still holds, is what would show here).
 
+Diagnostics: each lost object is counted by the tier the read before the epoch's last close
+found it in (``lost_from``), and each epoch's last reopen reports what the tiers recovered and
+let go (``final_reopens``: superseded, tombstoned, freed at open, checkpoint or scan), so that a
+loss can be traced to the close, the recovery or the faults before.
+
 A call that takes longer than `STUCK` seconds is cancelled and counted (``stuck``): a bug, or a
 hang fault on what the engine must wait for — a tier's flush, or the nvme device's writes that
 a flush waits for (reads, puts and deletes are cut off at ``slow_operation``: hangs with
@@ -104,6 +109,7 @@ async def _held(kv: Any, run: _Run, logs: list[_KeyLog]) -> None:
         version = _check(run, log, got)
         if version is not None:
             log.now, log.durable = {version}, run.persistent
+            log.held_in = await kv.locate(log.name)
         elif log.acked:
             run.counts["dropped_before_the_last_close"] += 1
 
@@ -174,6 +180,24 @@ def _corruption(stats: dict[str, Any]) -> int:
     """The corruption the tiers caught since the engine opened."""
     return sum(tier.get(name, 0) for tier in stats["tiers"].values()
                for name in CORRUPTION_COUNTERS)
+
+
+#: what an open tells of what it recovered and what it let go (the soak reports these for each
+#: epoch's last reopen, so that a loss can be traced to where it happened)
+RECOVERY_FIGURES = ("recovered_superseded", "recovered_tombstoned", "corrupt_freed_at_open",
+                    "superseded_freed_at_open", "over_capacity_freed_at_open", "tombstones_applied",
+                    "entries_dropped", "recovered_from")
+
+
+def _recovery(stats: dict[str, Any]) -> dict[str, Any]:
+    """The recovery figures of an engine just opened."""
+    engine = stats["engine"]
+    figures: dict[str, Any] = {"recovered": dict(engine["recovered"])}
+    figures.update({name: engine[name] for name in RECOVERY_FIGURES if name in engine})
+    for tier, counters in stats["tiers"].items():
+        figures.update({f"{tier}.{name}": counters[name] for name in RECOVERY_FIGURES
+                        if name in counters})
+    return figures
 
 
 async def _close(kv: Any, run: _Run, logs: list[_KeyLog]) -> None:
@@ -267,6 +291,7 @@ async def _epoch(config: Config, run: _Run, epoch: int, done: int) -> int:
             kv = await _open(soak, plan)
             for log in logs:
                 log.reopened = True
+            run.final_opens.append(_recovery(kv.stats()))
             found = await kv.get_many([log.name for log in logs])
             for log, got in zip(logs, found, strict=True):
                 _check(run, log, got, final=True)
@@ -292,6 +317,7 @@ def _report(run: _Run, operations: int, elapsed: float, epochs: int
         "breaker_transitions": dict(transitions), "counts": dict(counts),
         "checksum_failures_detected": checksum_failures,
         "lost": lost, "lost_unexplained": unexplained,
+        "lost_from": dict(run.lost_from), "final_reopens": run.final_opens,
         "served_corrupt": counts["served_corrupt"], "served_stale": counts["served_stale"],
         "served_stale_after_reopen": counts["served_stale_after_reopen"],
         "stuck": counts["stuck"],

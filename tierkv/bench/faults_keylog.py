@@ -13,6 +13,7 @@ import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from tierkv.bench.common import Progress
 from tierkv.testing.faults import FaultPlan
@@ -62,6 +63,9 @@ class _KeyLog:
     durable: bool = False
     #: a reopen happened since the last attempt
     reopened: bool = False
+    #: the fastest tier the epoch's last read before its close found the key in (diagnostics:
+    #: where a lost object was last seen)
+    held_in: str | None = None
 
     def attempted(self, version: int, *, acked: bool, cancelled: bool, durable: bool) -> None:
         """A put of `version` (0: a delete) ended: returned (`acked` for a put; `durable`:
@@ -102,6 +106,10 @@ class _Run:
     progress: Progress
     counts: Counter[str] = field(default_factory=Counter)
     transitions: Counter[str] = field(default_factory=Counter)
+    #: durable objects lost, by the tier they were held in before the epoch's last close
+    lost_from: Counter[str] = field(default_factory=Counter)
+    #: the recovery figures of each epoch's last reopen (`faults._recovery`)
+    final_opens: list[dict[str, Any]] = field(default_factory=list)
     #: corruption the tiers caught (checksums failed)
     detected: int = 0
     version: int = 0
@@ -120,6 +128,7 @@ def _check(run: _Run, log: _KeyLog, got: object, *, final: bool = False) -> int 
         counts["misses"] += 1
         if final and log.durable:
             counts["lost"] += 1
+            run.lost_from[log.held_in or "missed before the close"] += 1
         return None
     version = decode(log.name, bytes(got)) if isinstance(got, bytes) else None
     if version is None:
