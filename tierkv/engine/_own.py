@@ -36,9 +36,8 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
     """Write `data` as the engine's object `key` into `tier` (`data` None: keep none), then
     delete its older copies. The write is made whatever the tier's breaker says (a flush or a
     close writes these records, and must not pass over a healed tier still in its cool-down). A
-    failed write raises and changes nothing; an older copy whose
-    delete fails stays listed in `own` (logged): it is read again at the next open, where the
-    newest copy wins."""
+    failed write raises and changes nothing; an older copy whose delete fails stays listed in
+    `own` (logged): it is read again at the next open, where the newest copy wins."""
     held = list(state.own.get(key, []))
     if data is not None:
         assert tier is not None, "a copy is written into a tier"
