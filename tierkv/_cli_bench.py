@@ -95,7 +95,7 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
 
         if args.device != "engine":
             raise ConfigError("--faults: faults are injected into --device engine only")
-        plan = FaultPlan.parse(args.faults)
+        plan = FaultPlan.parse(args.faults, seed=args.seed)
         return [("faults", lambda bar: _fault_soak(config, plan, args, bar))]
     if args.device == "gpu" and not isinstance(config.tiers[0], GpuTierConfig):
         raise ConfigError("--device gpu: the config has no gpu tier to measure")

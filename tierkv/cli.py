@@ -106,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
                             "nvme:flip=0.01,redis:hang=0.01;ops=get), cancellations and "
                             "reopens, checked against a log of acknowledged writes; --quick: "
                             f"{FAULTS_QUICK_OPERATIONS} operations")
+    bench.add_argument("--seed", type=int, default=0,
+                       help="--faults: seeds the fault draws and the clients' choices "
+                            "(default 0; the JSON records it: a soak that failed can be run "
+                            "again under its seed, though background work's timing makes no "
+                            "two runs identical)")
     bench.add_argument("--json", type=Path, metavar="FILE", help="write the results as JSON")
     bench.set_defaults(func=run_bench)
 

@@ -94,6 +94,22 @@ def test_the_soak_runs_from_the_command_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.pmem
+def test_the_soak_runs_under_the_seed_it_is_given(tmp_path: Path) -> None:
+    """`--seed` seeds the fault draws and the clients' choices, and the report records it (the
+    background moves' timing still makes no two runs identical)."""
+    config = tmp_path / "devices.toml"
+    config.write_text(_config(tmp_path))
+    out = tmp_path / "soak.json"
+    assert main(["bench", "--config", str(config), "--faults", "pmem:eio=0.2",
+                 "--count", "150", "--concurrency", "1", "--seed", "7",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["results"]["faults"]
+    assert result["seed"] == 7 and result["operations"] == 150
+    assert result["faults_fired"]["pmem:eio"] > 0
+    assert result["lost_unexplained"] == 0 and result["served_corrupt"] == 0
+
+
+@pytest.mark.pmem
 async def test_write_through_loses_nothing_to_failing_writes_and_hung_reads(
         tmp_path: Path) -> None:
     """Under write-through every put that returned is durable: EIO and torn writes on nvme,
