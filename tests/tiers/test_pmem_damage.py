@@ -19,10 +19,12 @@ import json
 import os
 import random
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -278,3 +280,71 @@ def test_a_probe_killed_from_outside_never_gets_a_valid_pool_replaced(
 
         asyncio.run(open_with_format())
     assert _probe.probe_open(path, layout.LAYOUT_NAME, layout.ROOT_SIZE) == OBJECTS
+
+
+
+#: the real probe (its path in REAL), stalled in its walk: after PMDK opened the pool and took
+#: its lock; it writes its pid into ARMED first
+STALLED_PROBE = textwrap.dedent("""
+    import importlib.util, os, sys, time
+    spec = importlib.util.spec_from_file_location("probe_child", REAL)
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+
+    def stalled_walk(*_args):
+        with open(ARMED, "w") as armed:
+            armed.write(str(os.getpid()))
+        time.sleep(60)
+
+    child._walk = stalled_walk
+    child.main(sys.argv[1:])
+""")
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie nobody reaped holds no lock: not alive)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.crash
+def test_a_probe_dies_with_the_process_killed_during_its_open(pristine: Path,
+                                                              tmp_path: Path) -> None:
+    # a server killed with SIGKILL while its pool's open probe ran must not leave the probe
+    # holding the pool's lock: its restart's open would be refused as "in use"
+    path = tmp_path / "whole.pool"
+    shutil.copyfile(pristine, path)
+    armed = tmp_path / "armed"
+    stalled = tmp_path / "stalled_probe.py"
+    stalled.write_text(f"REAL = {str(_probe._CHILD)!r}\nARMED = {str(armed)!r}\n"
+                       + STALLED_PROBE)
+    script = (f"from pathlib import Path\nfrom tierkv.tiers.pmem import _probe\n"
+              f"_probe._CHILD = Path({str(stalled)!r})\n"
+              f"_probe.probe_open(Path({str(path)!r}), {layout.LAYOUT_NAME!r}, "
+              f"{layout.ROOT_SIZE})\n")
+    server = subprocess.Popen([sys.executable, "-c", script])
+    probe_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not armed.exists() or not armed.read_text():
+            assert server.poll() is None, "the process died before its probe stalled"
+            assert time.monotonic() < deadline, "the stalled probe never started"
+            time.sleep(0.01)
+        probe_pid = int(armed.read_text())
+        assert _alive(probe_pid)
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 10
+        while _alive(probe_pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not _alive(probe_pid), "the probe outlived the process killed during its open"
+        # the restart opens the pool at once, whole
+        assert _probe.probe_open(path, layout.LAYOUT_NAME, layout.ROOT_SIZE) == OBJECTS
+    finally:
+        server.kill()
+        server.wait()
+        if probe_pid is not None and _alive(probe_pid):
+            os.kill(probe_pid, signal.SIGKILL)

@@ -72,7 +72,7 @@ def probe_open(path: Path, layout_name: str, root_size: int) -> int:
     if not sys.executable:
         raise DeviceError(f"{path}: no Python interpreter to run the pmem open probe with")
     argv = [sys.executable, "-I", "-S", str(_CHILD), os.fsdecode(path), layout_name,
-            str(root_size), pmemobj.LIBPMEMOBJ]
+            str(root_size), pmemobj.LIBPMEMOBJ, str(os.getpid())]
     started = time.monotonic()
     with tempfile.TemporaryFile() as errors:
         with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

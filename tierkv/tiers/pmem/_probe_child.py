@@ -1,6 +1,7 @@
 """The probe process of `_probe`: what the tier's open does with PMDK, in a process of its own.
 
-Run as a script (``python -I -S _probe_child.py POOL LAYOUT ROOT_SIZE LIBRARY``), never imported:
+Run as a script (``python -I -S _probe_child.py POOL LAYOUT ROOT_SIZE LIBRARY PARENT_PID``), never
+imported:
 it uses the standard library only, so that it starts in milliseconds without the tierkv package
 (whose import costs a second), and it is told the layout name, root size and library name by its
 parent instead of importing them from `tierkv.formats`.
@@ -22,11 +23,13 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import stat
 import sys
 import time
 
 _HEARTBEAT = 1.0  # seconds between progress lines during the walk
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class _Oid(ctypes.Structure):
@@ -56,6 +59,18 @@ def _bind(name: str) -> ctypes.CDLL:
         bound.restype = restype
         bound.argtypes = argtypes
     return lib
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when the thread that started it ends, and end now if
+    that already happened. Why: PMDK holds the pool's ``flock`` while the probe has it open, and a
+    probe that outlived its parent (killed with SIGKILL during its open) kept it for as long as its
+    walk took, so the restarted process's open was refused with "pool is in use"."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not Linux-like: the probe then only outlives a killed parent by its own run
+    if os.getppid() != parent:  # the parent died before the prctl took effect
+        os._exit(1)
 
 
 def _mapped_size(path: str) -> int | None:
@@ -118,7 +133,8 @@ def _walk(lib: ctypes.CDLL, pop: int, size: int | None, root_size: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    path, layout, root_size, library = argv
+    path, layout, root_size, library, parent = argv
+    _die_with(int(parent))
     lib = _bind(library)
     size = _mapped_size(path)
     pop = lib.pmemobj_open(os.fsencode(path), layout.encode())
