@@ -1,14 +1,16 @@
 """The tiers' access profiles for `select_tier`: configured, or measured by a short probe.
 
-A tier whose `latency` and `bandwidth` are both set in its config keeps them. For the others a
-probe object of 4 KiB and one of 256 KiB are written, read back
-three times each and deleted: the fastest small read is the latency, the large read beyond it
-gives the bandwidth. The probe runs once, when the first put with a `latency_slo` needs the
-profiles (so engines that never ask pay nothing, and no probe object ever lands on media
-otherwise). A tier that cannot take the probe (full, failing) gets its kind's typical profile.
-The probe keys carry a tag no public key encodes to, so they can never meet a user's key.
-Its calls go through the tier's guard like every other call into a tier: a hung device cuts
-them off (the probe fails), and a delete it refuses is kept to retry like any other.
+A tier whose `latency` and `bandwidth` are both set in its config keeps them. For the others
+reads of 4 KiB and of 256 KiB are timed three times each: the fastest small read is the latency,
+the large read beyond it gives the bandwidth. A tier that times its media itself does so
+(`Tier.time_read`: the nvme log, whose newest entries a read finds in memory; one with nothing
+that long written yet gets its kind's typical bandwidth); for the others a probe object of each
+size is written, read back and deleted. The probe runs once, when the first put with a
+`latency_slo` needs the profiles (so engines that never ask pay nothing, and no probe object ever
+lands on media otherwise). A tier that cannot take the probe (full, failing) gets its kind's
+typical profile. The probe keys carry a tag no public key encodes to, so they can never meet a
+user's key. Its calls go through the tier's guard like every other call into a tier: a hung
+device cuts them off (the probe fails), and a delete it refuses is kept to retry like any other.
 """
 
 from __future__ import annotations
@@ -45,8 +47,14 @@ async def _probe(state: EngineState, index: int) -> tuple[float, float] | None:
     if not tier.can_ever_hold(_LARGE):
         return None
     try:
-        small_time = await _read_time(state, index, _SMALL)
-        large_time = await _read_time(state, index, _LARGE)
+        small_time = await _media_read_time(state, index, _SMALL)
+        if small_time is not None:
+            large_time = await _media_read_time(state, index, _LARGE)
+            if large_time is None:  # nothing written yet that a large read could time
+                return small_time, TYPICAL[state.config.tiers[index].kind][1]
+        else:
+            small_time = await _object_read_time(state, index, _SMALL)
+            large_time = await _object_read_time(state, index, _LARGE)
     except TierKVError as exc:
         log.warning("tier %s: the profile probe failed (%s); using typical figures",
                     tier.name, exc)
@@ -56,7 +64,20 @@ async def _probe(state: EngineState, index: int) -> tuple[float, float] | None:
     return small_time, (_LARGE - _SMALL) / max(large_time - small_time, 1e-9)
 
 
-async def _read_time(state: EngineState, index: int, nbytes: int) -> float | None:
+async def _media_read_time(state: EngineState, index: int, nbytes: int) -> float | None:
+    """The fastest of a few reads of `nbytes` the tier timed on its media itself
+    (`Tier.time_read`); ``None`` where it does not."""
+    tier, guard = state.tiers[index], state.guards[index]
+    best = None
+    for _ in range(_ROUNDS):
+        seconds = await guard.read(tier.time_read, nbytes)
+        if seconds is None:
+            return None
+        best = seconds if best is None else min(best, seconds)
+    return best
+
+
+async def _object_read_time(state: EngineState, index: int, nbytes: int) -> float | None:
     """The fastest of a few reads of an `nbytes` probe object; ``None`` if it did not fit."""
     tier, guard = state.tiers[index], state.guards[index]
     key = _PROBE_TAG + str(nbytes).encode()

@@ -194,3 +194,16 @@ class DataPathCases(ConformanceBase):
         final = await tier.get(target)
         assert final is not None and final[0].generation == generation
         assert payload_bytes(final[1]) == versions[generation]
+
+    async def test_time_read_times_or_declines_and_changes_nothing(self, tier: Tier) -> None:
+        """`time_read` answers seconds or ``None`` (the engine then times a probe object), and
+        a timed read changes nothing stored."""
+        data = {key_of(800 + i): pattern(key_of(800 + i), 5000 + i) for i in range(4)}
+        for key, value in data.items():
+            await self._put(tier, key, value)
+        for nbytes in (4096, 256 << 10):
+            seconds = await tier.time_read(nbytes)
+            assert seconds is None or 0 < seconds < 60
+        for key, value in data.items():
+            got = await tier.get(key)
+            assert got is not None and payload_bytes(got[1]) == value

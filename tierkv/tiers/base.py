@@ -218,6 +218,14 @@ class Tier(ABC):
         """Make everything put so far durable (a no-op for volatile tiers)."""
         self._check_open()
 
+    async def time_read(self, nbytes: int) -> float | None:
+        """Seconds one read of `nbytes` from this tier's media takes now, where the tier times
+        that itself; ``None`` where reading a stored object back times it (the engine's profile
+        probe then does). A log serves its newest entries from memory: timing a probe object it
+        was just given would time memory, not the device."""
+        self._check_open()
+        return None
+
     # -- introspection ---------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         """Counters and gauges for `Engine.stats()`; subclasses extend the dict."""

@@ -130,6 +130,7 @@ from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
+from tierkv.tiers.nvme._timing import time_device_read
 from tierkv.tiers.nvme._writes import RegionWrites
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
@@ -325,6 +326,10 @@ class NvmeTier(Tier):
         await self._flush.flush(self._check_open)
 
     # -- introspection ---------------------------------------------------------------------------
+    async def time_read(self, nbytes: int) -> float | None:
+        self._check_open()
+        return await time_device_read(self._st, nbytes)
+
     def stats(self) -> dict[str, Any]:
         data = super().stats()
         data.update(log_stats(self._st))
