@@ -66,9 +66,9 @@ def _die_with(parent: int) -> None:
     that already happened. Why: PMDK holds the pool's ``flock`` while the probe has it open, and a
     probe that outlived its parent (killed with SIGKILL during its open) kept it for as long as its
     walk took, so the restarted process's open was refused with "pool is in use"."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        return  # not Linux-like: the probe then only outlives a killed parent by its own run
+    prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    if prctl is None or prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return  # not Linux: the probe then outlives a killed parent by the rest of its run
     if os.getppid() != parent:  # the parent died before the prctl took effect
         os._exit(1)
 
