@@ -25,6 +25,11 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   tier's own timeout): never skipped, never cut off, only recorded: a flush is what makes an
   acknowledged object durable, and there is nothing to fall back to.
 
+A cut-off measures the device, not the loop: what a stall of the loop itself took from a call
+is given back to it, and a completion the loop took in with the deadline wins
+(`tierkv._deadline`), so a loop held up for longer than `slow_operation` neither turns the reads
+then in flight into misses nor counts them against the breaker.
+
 A failure is a `DeviceError` of the tier (or a cut-off call); other errors (a full tier, a
 closed engine, a cancelled caller) say nothing about the device. A state change is logged by
 the breaker, counted here, and handed to the listener (the engine tells the scheduler, so that
@@ -35,11 +40,11 @@ calls then admitted are its probes.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
+from tierkv._deadline import stall_aware_timeout
 from tierkv.config import HealthConfig
 from tierkv.errors import DeviceError, TierUnavailableError
 from tierkv.health import BreakerState, CircuitBreaker
@@ -121,9 +126,12 @@ class Guard:
                        call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one."""
         breaker = self.breaker
+        # a timed call that was not cut off was not slow: the cut-off discounts the loop's own
+        # stalls, which the breaker's clock cannot
+        slow = False if self._timed else None
         try:
             if self._timed:
-                async with asyncio.timeout(self._slow):
+                async with stall_aware_timeout(self._slow):
                     result = await call(*args, **kwargs)
             else:
                 result = await call(*args, **kwargs)
@@ -137,7 +145,7 @@ class Guard:
                 self._report(permit, exc)
             raise
         if permit is not None:
-            breaker.success(permit, self._clock())
+            breaker.success(permit, self._clock(), slow=slow)
         return result
 
     def _admit(self) -> Permit:

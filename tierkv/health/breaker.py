@@ -213,13 +213,15 @@ class CircuitBreaker:
         self._rejected += 1
         return None
 
-    def success(self, permit: Permit, now: float) -> bool:
+    def success(self, permit: Permit, now: float, *, slow: bool | None = None) -> bool:
         """The call of `permit` succeeded now; slower than `slow_operation` it counts as failed.
+        `slow`: whether it was, where the caller judged that itself (a cut-off that gives back
+        what stalls of the caller's own event loop took); ``None``: from its issue to `now`.
 
         Returns whether the outcome counted: False for a permit already settled or a late
         result (issued before a state change). Raises `ValueError` for another breaker's permit.
         """
-        return self._report(permit, now, failed=False)
+        return self._report(permit, now, failed=False, slow=slow)
 
     def failure(self, permit: Permit, now: float) -> bool:
         """The call of `permit` failed now (or the caller gave up waiting); as `success`."""
@@ -263,7 +265,8 @@ class CircuitBreaker:
         if permit._owner is not self:
             raise ValueError(f"{permit!r} was issued by another breaker")
 
-    def _report(self, permit: Permit, now: float, *, failed: bool) -> bool:
+    def _report(self, permit: Permit, now: float, *, failed: bool,
+                slow: bool | None = None) -> bool:
         self._check_owner(permit)
         now = self._clock(now)
         if permit._settled:
@@ -275,7 +278,9 @@ class CircuitBreaker:
             self._advance(now)
             return False
         # judged before `_advance` so that its own lateness is measured, not presumed
-        slow = not failed and now - permit._issued > self.slow_operation
+        if slow is None:
+            slow = now - permit._issued > self.slow_operation
+        slow = slow and not failed
         self._count(failed or slow, slow)
         if permit._probe:
             self._judge_probe(now, failed or slow)

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgpack
 
+from tierkv._deadline import stall_aware_timeout
 from tierkv.config import RedisTierConfig
 from tierkv.errors import DeviceError
 
@@ -134,9 +135,8 @@ class Fleet:
         self._tomb(keys, order)
         self._counters["invalidations_published"] += 1
         try:
-            async with asyncio.timeout(self._config.timeout):
-                async with self._advanced:
-                    await self._advanced.wait_for(lambda: self.cursor >= order)
+            async with stall_aware_timeout(self._config.timeout), self._advanced:
+                await self._advanced.wait_for(lambda: self.cursor >= order)
         except TimeoutError:
             log.warning("the shared tier's invalidation log did not come back within %gs",
                         self._config.timeout)

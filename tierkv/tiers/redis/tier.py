@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from tierkv._deadline import stall_aware_timeout
 from tierkv.config import RedisTierConfig, TierKind
 from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
 from tierkv.formats.header import checksum
@@ -152,7 +153,7 @@ class RedisTier(Tier):
         would otherwise hold one of the data path's connections half the time)."""
         redis = import_client()
         try:
-            async with asyncio.timeout(self.config.timeout):
+            async with stall_aware_timeout(self.config.timeout):
                 return await call
         except TimeoutError:
             self._counters["errors"] += 1
