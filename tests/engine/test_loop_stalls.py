@@ -16,6 +16,7 @@ import pytest
 
 import tierkv
 from tests.engine._configs import KiB, MiB, hierarchy_config
+from tierkv.testing.faults import FaultPlan, open_with_faults
 
 pytestmark = pytest.mark.pmem
 
@@ -70,3 +71,44 @@ async def test_a_stalled_loop_cuts_off_no_write_in_flight(tmp_path: Path,
         assert _failures(kv) == {"pmem": 0, "nvme": 0}
     async with tierkv.open(config) as kv:
         assert await kv.get_many(list(values)) == list(values.values())
+
+
+async def test_a_stall_during_a_probe_does_not_open_a_healing_breaker_again(
+        tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The pool's breaker opened on failed reads, the device healed, the breaker is half-open;
+    its probe, a read, is in flight when the loop stalls past `slow_operation`, and the first
+    call after the stall asks the breaker before the probe's answer is taken in. The breaker's
+    clock must not expire the probe the cut-off gave the stall back to: the read is served and
+    counts, and the breaker does not open again for another cool-down."""
+    pool = Path("/dev/shm") / f"tierkv-test-{uuid.uuid4().hex}.pool"
+    request.addfinalizer(lambda: pool.unlink(missing_ok=True))
+    config = hierarchy_config(tmp_path, ("pmem", "nvme"), pmem={"path": str(pool)})
+    config["health"] = {"slow_operation": "250ms", "cooldown": "1s"}
+    plan = FaultPlan()
+    values = {f"p/{i}".encode(): random.Random(i).randbytes(128 * KiB) for i in range(4)}
+    plan.enabled = False
+    kv = await open_with_faults(config, plan)
+    try:
+        for key, value in values.items():  # large: a read of one runs on the pool's threads
+            await kv.put(key, value)
+        plan.add("pmem", "eio", rate=1.0, ops=("get",))
+        plan.enabled = True
+        for _ in range(25):
+            await kv.get(b"p/0")
+        assert kv.stats()["tiers"]["pmem"]["breaker"] == "open"
+        plan.enabled = False  # the device heals
+        deadline = time.monotonic() + 10
+        while kv.stats()["tiers"]["pmem"]["breaker"] != "half_open":
+            assert time.monotonic() < deadline, "the breaker never turned half-open"
+            await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(time.sleep, 1.3)  # once the probe is in flight
+        # then a get asks the breaker first: it finds the probe in flight past its deadline
+        after: list[asyncio.Future[object]] = []
+        loop.call_soon(lambda: after.append(asyncio.ensure_future(kv.get(b"p/2"))))
+        assert await kv.get(b"p/1") == values[b"p/1"]  # the probe
+        await after[0]  # skipped the tier (the probe's slot was taken) or served
+        assert kv.stats()["tiers"]["pmem"]["breaker"] != "open"
+    finally:
+        plan.enabled = False
+        await kv.close()

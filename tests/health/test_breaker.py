@@ -210,6 +210,28 @@ def test_an_unreported_probe_counts_as_slow_once_overdue() -> None:
     assert breaker.snapshot(half + 1.25).late == 0  # already counted as slow
 
 
+def test_a_bounded_probe_is_left_to_its_caller_past_the_deadline() -> None:
+    # its caller cuts it off and reports it itself (after a stall of its loop, past the
+    # deadline the breaker's clock sees): the report counts, and may close the breaker
+    breaker, _ = small()
+    half = open_at(breaker) + 30
+    probe = breaker.allow(half, bounded=True)
+    assert probe is not None
+    assert breaker.state(half + 1.5) is HALF_OPEN and not probe.settled
+    assert breaker.success(probe, half + 1.6, slow=False)
+    now = calls(breaker, [OK] * (breaker.close_after - 1), half + 1.6)
+    assert breaker.state(now) is CLOSED
+
+
+def test_a_success_judged_by_its_caller_is_not_slow() -> None:
+    breaker, _ = small()
+    permit = breaker.allow(0.0)
+    assert permit is not None
+    assert breaker.success(permit, 5.0, slow=False)
+    snapshot = breaker.snapshot(5.0)
+    assert (snapshot.calls, snapshot.failures, snapshot.slow) == (1, 0, 0)
+
+
 def test_cancel_frees_the_probe_slot_and_counts_nothing() -> None:
     breaker, _ = small()
     now = open_at(breaker) + 30

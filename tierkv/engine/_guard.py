@@ -95,7 +95,7 @@ class Guard:
                      **kwargs: P.kwargs) -> T:
         """A delete: made whatever the breaker says, cut off at `slow_operation` like a read
         (the caller records a delete that failed or was cut off: `_tombstones`)."""
-        return await self._cut_off(self.breaker.allow(self._clock()), "a delete",
+        return await self._cut_off(self._allow(), "a delete",
                                    "it is retried", call, *args, **kwargs)
 
     async def insist(self, call: Callable[P, Awaitable[T]], *args: P.args,
@@ -104,7 +104,7 @@ class Guard:
         whatever the breaker says, cut off at `slow_operation` like a write. The breaker routes
         foreground calls away from a failing device; a flush has nowhere else to go, and one
         that passed over a healed device still in its cool-down returned with nothing durable."""
-        return await self._cut_off(self.breaker.allow(self._clock()), "a write",
+        return await self._cut_off(self._allow(), "a write",
                                    "the flush fails", call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
@@ -148,8 +148,13 @@ class Guard:
             breaker.success(permit, self._clock(), slow=slow)
         return result
 
+    def _allow(self) -> Permit | None:
+        """The breaker's permit for a call `_cut_off` makes: one it cuts off and reports itself,
+        so the breaker's clock does not expire it (a stall of the loop is given back)."""
+        return self.breaker.allow(self._clock(), bounded=self._timed)
+
     def _admit(self) -> Permit:
-        permit = self.breaker.allow(self._clock())
+        permit = self._allow()
         if permit is None:
             raise TierUnavailableError(f"tier {self.name!r} is unavailable (its circuit breaker "
                                        "is open)")

@@ -12,7 +12,9 @@ HALF_OPEN: at most `max_probes` calls (probes) are in flight at once; `close_aft
 successful probes close it (with an empty window), and any failed or slow probe opens it again
 (the cooldown starts over). A probe left unreported for longer than `slow_operation` is slow by
 definition: the next call to the breaker counts it as failed, so a caller that drops a permit
-cannot wedge the breaker half-open.
+cannot wedge the breaker half-open — unless it was admitted `bounded`: its caller cuts the call
+off itself and always reports it (the engine's cut-off, which gives back what stalls of its own
+event loop took, and so may report after the deadline the breaker's clock sees pass).
 
 A caller asks `allow(now)` just before the operation, gets a `Permit` (or None: skip the tier),
 and reports the outcome exactly once with `success`, `failure` or `cancel` (not the device's
@@ -71,15 +73,17 @@ class Permit:
     not want to wait longer reports `failure` then and lets the operation finish on its own.
     """
 
-    __slots__ = ("_deadline", "_generation", "_issued", "_owner", "_probe", "_settled")
+    __slots__ = ("_bounded", "_deadline", "_generation", "_issued", "_owner", "_probe",
+                 "_settled")
 
     def __init__(self, owner: CircuitBreaker, generation: int, issued: float, deadline: float,
-                 probe: bool) -> None:
+                 probe: bool, *, bounded: bool = False) -> None:
         self._owner = owner
         self._generation = generation
         self._issued = issued
         self._deadline = deadline
         self._probe = probe
+        self._bounded = bounded
         self._settled = False
 
     @property
@@ -200,14 +204,17 @@ class CircuitBreaker:
                    buckets=buckets, name=name, on_change=on_change)
 
     # -- the caller's side ------------------------------------------------------------------
-    def allow(self, now: float) -> Permit | None:
-        """A permit for one call starting now, or None: skip the tier (counted in `rejected`)."""
+    def allow(self, now: float, *, bounded: bool = False) -> Permit | None:
+        """A permit for one call starting now, or None: skip the tier (counted in `rejected`).
+        `bounded`: the caller cuts the call off and reports it itself, so a probe of it is not
+        expired by this breaker's clock (the module docstring)."""
         now = self._clock(now)
         self._advance(now)
+        deadline = now + self.slow_operation
         if self._state is BreakerState.CLOSED:
-            return Permit(self, self._generation, now, now + self.slow_operation, probe=False)
+            return Permit(self, self._generation, now, deadline, probe=False, bounded=bounded)
         if self._state is BreakerState.HALF_OPEN and len(self._probes) < self.max_probes:
-            permit = Permit(self, self._generation, now, now + self.slow_operation, probe=True)
+            permit = Permit(self, self._generation, now, deadline, probe=True, bounded=bounded)
             self._probes.add(permit)
             return permit
         self._rejected += 1
@@ -324,7 +331,8 @@ class CircuitBreaker:
                 and now >= self._opened_at + self.cooldown):
             self._change(BreakerState.HALF_OPEN, now, f"{self.cooldown:g} s cooldown over")
         if self._state is BreakerState.HALF_OPEN:
-            overdue = [permit for permit in self._probes if now > permit._deadline]
+            overdue = [permit for permit in self._probes
+                       if not permit._bounded and now > permit._deadline]
             if overdue:
                 for permit in overdue:
                     permit._settled = True
