@@ -7,7 +7,6 @@ figures and the rows of the table printed at the end (`tierkv.bench.common.Row`)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import json
 import logging
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tierkv._cli_signals import run
 from tierkv._units import parse_size
 from tierkv.bench.common import Row
 from tierkv.config import (
@@ -65,7 +65,7 @@ def run_bench(args: argparse.Namespace) -> int:
     with progress, _config_for(args.config, args.workdir) as config:
         bar = _Bar(progress)
         for name, job in _bench_jobs(args, config, trace):
-            section, section_rows = asyncio.run(job(bar))
+            section, section_rows = run(job(bar))
             results[name] = section
             rows.extend(section_rows)
     _print_rows(rows)

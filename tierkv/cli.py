@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 from tierkv._cli_bench import FAULTS_QUICK_OPERATIONS, TRACE_QUICK_REQUESTS, run_bench
 from tierkv._cli_common import config_for as _config_for
 from tierkv._cli_common import console
+from tierkv._cli_signals import EXIT_TERMINATED, Terminated, terminable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="tierkv: %(levelname)s: %(message)s")
     try:
-        return int(args.func(args))
+        with terminable():
+            return int(args.func(args))
+    except Terminated:
+        return EXIT_TERMINATED
     except ConfigError as exc:
         print(f"tierkv: config error: {exc}", file=sys.stderr)
         return 2
