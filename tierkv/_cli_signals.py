@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import threading
 from collections.abc import Coroutine, Iterator
 from types import FrameType
 from typing import Any, TypeVar
@@ -52,7 +53,11 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 @contextlib.contextmanager
 def terminable() -> Iterator[None]:
-    """SIGTERM handled as the module docstring says, while inside (main thread only)."""
+    """SIGTERM handled as the module docstring says, while inside (a command run off the main
+    thread, where Python takes no signal handler, keeps the process's own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
