@@ -275,6 +275,27 @@ def test_a_batch_takes_the_best_victims_first_and_repeats_until_they_leave() -> 
     assert scheduler.departures(0, 0, never, objects.get) == []
 
 
+def test_keys_protected_during_an_eviction_come_back_in_their_place_once_free() -> None:
+    scheduler = lrupp(three_tiers(), alpha=1.0, beta=0.01)
+    policy = scheduler.policies[0]
+    keys = [b"k%d" % i for i in range(12)]
+    for i, key in enumerate(keys):
+        scheduler.admitted(0, key, float(i))
+    busy = set(keys[:4])  # moving, pinned or written while the evictor asks
+    assert policy.evict(4, busy.__contains__) == keys[4:8]
+    assert policy.evict(4, busy.__contains__) == keys[4:8]  # victims stay until removed
+    for key in keys[4:8]:
+        scheduler.removed(0, key)
+    busy -= {keys[0], keys[2]}
+    busy.add(keys[8])
+    # the freed keys are the oldest again; a removed one never returns
+    assert policy.evict(4, busy.__contains__) == [keys[0], keys[2], keys[9], keys[10]]
+    scheduler.accessed(0, keys[1], 100.0)  # read while protected: re-ranked, youngest now
+    scheduler.removed(0, keys[3])
+    assert victims(scheduler) == [keys[0], keys[2], keys[8], keys[9], keys[10], keys[11],
+                                  keys[1]]
+
+
 def test_an_orphan_is_dropped_rather_than_demoted() -> None:
     scheduler = lrupp(three_tiers())
     objects = {b"orphan": Obj(b"orphan", locations=[0]), b"plain": Obj(b"plain", locations=[0])}
