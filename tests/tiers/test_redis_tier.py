@@ -307,6 +307,33 @@ async def test_a_frozen_server_times_out_and_recovers(fresh_redis_server: RedisS
         await tier.close()
 
 
+async def test_a_stalled_loop_cuts_off_no_call_in_flight(redis_url: str) -> None:
+    """A stall of the event loop longer than the timeout, while gets and puts are on the wire,
+    is not a slow server: the answers came in meanwhile (redis-py's own socket timeout, an
+    asyncio timer, once fired in the same loop turn and failed every call in flight; its
+    connect timeout, the same for a call opening a connection)."""
+    tier = RedisTier(shared(redis_url, timeout=0.2))
+    await tier.open()
+    try:
+        values = {key_of(100 + i): os.urandom(4096 + i) for i in range(16)}
+        for key, data in list(values.items())[:8]:
+            await put(tier, key, data)
+        await asyncio.gather(*(value_of(tier, key) for key in values))  # connections opened
+        gets = [value_of(tier, key) for key in list(values)[:8]]
+        puts = [put(tier, key, data) for key, data in list(values.items())[8:]]
+        calls = asyncio.gather(*gets, *puts)
+        await asyncio.sleep(0)  # the calls send their commands
+        await asyncio.sleep(0)
+        # the loop is held up while the answers come in
+        asyncio.get_running_loop().call_soon(time.sleep, 0.5)
+        got = await calls
+        assert got[:8] == list(values.values())[:8]
+        assert [await value_of(tier, key) for key in values] == list(values.values())
+        assert tier.stats()["errors"] == 0
+    finally:
+        await tier.close()
+
+
 async def test_a_server_killed_and_restarted(fresh_redis_server: RedisServer) -> None:
     server = fresh_redis_server
     tier = RedisTier(shared(server.url, timeout=0.5))

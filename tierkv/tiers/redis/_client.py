@@ -36,8 +36,13 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
     redis = import_client()
     password = os.environ.get(config.password_env) if config.password_env else None
     options: dict[str, Any] = {
-        "socket_timeout": config.timeout,
-        "socket_connect_timeout": config.timeout,
+        # no timeouts inside the client: the tier bounds every call itself (`_call`,
+        # `_unpooled`: connecting included) with a cut-off that gives back what a stall of the
+        # event loop took (`tierkv._deadline`); redis-py's are plain asyncio timers, which a
+        # stall longer than the timeout fired in the same loop turn as the answers, failing
+        # every call then on the wire (and counting each against the tier)
+        "socket_timeout": None,
+        "socket_connect_timeout": None,
         "max_connections": config.pool_size,
         # the tier bounds and reports every call itself; retrying inside the client would
         # stretch a call past its timeout

@@ -129,8 +129,11 @@ class RedisTier(Tier):
     async def _disconnect(self) -> None:
         for client in (self._follower, self._client):
             if client is not None:
-                with contextlib.suppress(Exception):  # a broken connection: nothing to release
-                    await client.aclose()
+                # a broken connection: nothing to release; a server that does not take the
+                # close: bounded here (the client has no timeout of its own, `make_client`)
+                with contextlib.suppress(Exception):
+                    async with stall_aware_timeout(self.config.timeout):
+                        await client.aclose()
         self._client = self._follower = None
 
     # -- calls -------------------------------------------------------------------------------
