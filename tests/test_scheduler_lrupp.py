@@ -15,6 +15,7 @@ import pytest
 
 from tests._shapes import Obj, Shape
 from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
+from tierkv.keys import FLEET_CURSOR_KEY, TOMBSTONES_KEY, UNPUBLISHED_KEY
 from tierkv.scheduler import Demote, Departure, Drop, Evict, Promote, Scheduler
 from tierkv.scheduler.admission import AdaptiveAdmission, FrequencySketch
 from tierkv.scheduler.scores import MIN_GHOSTS
@@ -512,6 +513,13 @@ def test_a_promotion_out_of_a_tier_that_reclaims_space_always_copies() -> None:
 
 
 # -- what a reclaimed log region keeps ---------------------------------------------------------
+def log_worth(scheduler: Scheduler, key: bytes) -> float:
+    """What `key`'s entry in the log (tier 2) is worth to a reclaim, as LRU++ judges it."""
+    worth = scheduler.reclaim_worth(2, key)
+    assert worth is not None  # LRU++ always judges
+    return worth
+
+
 def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
     """The nvme log (tier 2) asks, for each live entry of a region it reclaims, whether to copy
     it forward; the bar for an entry held nowhere else is the last admission's rank."""
@@ -526,21 +534,31 @@ def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
     scheduler.admitted(2, b"peer", 10.0)
     scheduler.admitted(2, b"new", 10.0)  # the bar: count 1, last access at 10
     scheduler.accessed(2, b"read", 20.0)
-    keeps = {key: scheduler.reclaim_worth(2, key) > 0
+    keeps = {key: log_worth(scheduler, key) > 0
              for key in (b"old", b"read", b"up", b"both", b"orphan", b"peer", b"unknown")}
     assert keeps == {b"old": False, b"read": True, b"up": True, b"both": False,
                      b"orphan": False, b"peer": False, b"unknown": False}  # a tie: dropped
-    assert scheduler.reclaim_worth(2, b"up") == math.inf  # before any other: durability
-    assert 0 < scheduler.reclaim_worth(2, b"read") < math.inf
+    assert log_worth(scheduler, b"up") == math.inf  # before any other: durability
+    assert 0 < log_worth(scheduler, b"read") < math.inf
     scheduler.admitted(2, b"newer", 200.0)
-    assert scheduler.reclaim_worth(2, b"read") == 0  # the bar rose past it
-    assert scheduler.reclaim_worth(2, b"up") == math.inf  # durability does not depend on rank
+    assert log_worth(scheduler, b"read") == 0  # the bar rose past it
+    assert log_worth(scheduler, b"up") == math.inf  # durability does not depend on rank
     scheduler.removed(0, b"up")
-    assert scheduler.reclaim_worth(2, b"up") == 0  # back to the rank: below the bar now
+    assert log_worth(scheduler, b"up") == 0  # back to the rank: below the bar now
 
     lru = Scheduler(three_tiers(), SchedulerConfig(policy=EvictionPolicy.LRU))
     lru.admitted(2, b"old", 0.0)
-    assert lru.reclaim_worth(2, b"old") > 0  # no ranking: the tier's own rule stays
+    assert lru.reclaim_worth(2, b"old") is None  # no ranking: the tier's own rule stays
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy))
+def test_the_engines_own_records_always_stay_in_a_reclaimed_log_region(
+        policy: EvictionPolicy) -> None:
+    """The records of refused deletes, the fleet cursor: dropped by a reclaim, a flush that
+    recorded a delete would be undone, and after a crash the deleted value would come back."""
+    scheduler = Scheduler(three_tiers(), SchedulerConfig(policy=policy))
+    for key in (TOMBSTONES_KEY, FLEET_CURSOR_KEY, UNPUBLISHED_KEY):
+        assert scheduler.reclaim_worth(2, key) == math.inf
 
 
 # -- expiry ----------------------------------------------------------------------------------

@@ -22,8 +22,11 @@ from typing import Any
 import pytest
 
 import tierkv
+from tests.engine._configs import MiB
 from tests.engine.test_fault_guarantees import MARGIN, SLOW, config, faulty_engine, value
+from tests.tiers.test_pmem_conformance import payload_offsets as pmem_payload_offsets
 from tierkv.errors import DeviceError
+from tierkv.keys import TOMBSTONES_KEY
 from tierkv.testing.faults import FaultPlan, open_with_faults
 
 pytestmark = pytest.mark.pmem
@@ -32,6 +35,11 @@ pytestmark = pytest.mark.pmem
 def counters(kv: tierkv.Engine) -> dict[str, Any]:
     engine: dict[str, Any] = kv.stats()["engine"]
     return engine
+
+
+def counters_of_tier(kv: tierkv.Engine, name: str) -> dict[str, Any]:
+    tier: dict[str, Any] = kv.stats()["tiers"][name]
+    return tier
 
 
 async def test_a_delete_the_device_refused_does_not_come_back(tmp_path: Path) -> None:
@@ -50,6 +58,36 @@ async def test_a_delete_the_device_refused_does_not_come_back(tmp_path: Path) ->
     async with tierkv.open(cfg) as reopened:
         assert await reopened.get("k") is None
         assert await reopened.get("other") == b"kept"
+        assert counters(reopened)["recovered_tombstoned"] == 1
+
+
+def rot(pool: Path, key: bytes) -> None:
+    """Flip the bits of one byte of every record of `key` in the pmem pool file."""
+    media = pool.read_bytes()
+    offsets = pmem_payload_offsets(media, key)
+    assert offsets, f"no record of {key!r} in the pool"
+    with pool.open("r+b") as f:
+        for offset in offsets:
+            f.seek(offset)
+            f.write(bytes([media[offset] ^ 0xFF]))
+
+
+async def test_a_refused_delete_stays_deleted_when_a_copy_of_its_record_rots(
+        tmp_path: Path) -> None:
+    """The record of refused deletes is kept in both persistent tiers: bit rot in the copy in
+    the pool (the refusing device) leaves the copy in the log to keep the object deleted. With
+    one copy, the pool dropped the damaged record at open and the deleted value came back."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    await kv.put("k", b"old value")
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+    assert await kv.delete("k")
+    await kv.close()
+    rot(Path(next(t["path"] for t in cfg["tiers"] if t["kind"] == "pmem")), TOMBSTONES_KEY)
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") is None
         assert counters(reopened)["recovered_tombstoned"] == 1
 
 
@@ -142,9 +180,37 @@ asyncio.run(main(json.loads(sys.argv[1])))
 """
 
 
-def run_child_until_flushed(cfg: dict[str, Any]) -> None:
-    """Run `_CHILD` on `cfg` until its last flush returned, then `kill -9` it."""
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg)],
+#: the pool fails everything and its breaker is open, so the record of its refused delete lives
+#: in the nvme log alone; puts then cycle the log's regions past the record's
+_RECLAIM_CHILD = """
+import asyncio, json, sys
+import tierkv
+from tierkv.testing.faults import FaultPlan, open_with_faults
+
+async def main(cfg):
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    await kv.put("k", b"old value")
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["get", "put", "delete"])
+    for i in range(24):  # failed puts (falling through to the log) open the pool's breaker
+        await kv.put(f"opener/{i}", b"x")
+    assert kv.stats()["tiers"]["pmem"]["breaker"] == "open"
+    assert await kv.delete("k")
+    await kv.flush()
+    for i in range(64):  # 16 MiB through an 8 MiB log: every region is reclaimed
+        await kv.put(f"filler/{i}", bytes([i]) * (256 << 10))
+    assert kv.stats()["tiers"]["nvme"]["regions_reclaimed"] >= 8
+    print("FLUSHED", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+def run_child_until_flushed(cfg: dict[str, Any], script: str = _CHILD) -> None:
+    """Run `script` (`_CHILD`) on `cfg` until it says its flush returned, then `kill -9` it."""
+    child = subprocess.Popen([sys.executable, "-c", script, json.dumps(cfg)],
                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     try:
         assert child.stdout is not None
@@ -166,6 +232,23 @@ async def test_refused_deletes_stay_deleted_after_kill_9(tmp_path: Path) -> None
                 assert got is None, i
             else:
                 assert got == bytes([i]) * 5000, i
+
+
+@pytest.mark.parametrize(("policy", "reinsert_hits"), [("lru++", 2), ("lru", 2), ("lru++", 0)])
+async def test_a_refused_delete_stays_deleted_after_the_log_reclaims_its_record(
+        tmp_path: Path, policy: str, reinsert_hits: int) -> None:
+    """A flush recorded the refused delete in the nvme log; the log's reclaims must keep the
+    record until a later one replaces it, under either policy, and where copying entries
+    forward is off. They valued the engine's records at nothing and dropped it, and after a
+    `kill -9` the deleted value came back from the pool."""
+    cfg = config(tmp_path, ("pmem", "nvme"),
+                 nvme={"capacity": 8 * MiB, "reinsert_hits": reinsert_hits})
+    cfg["scheduler"] = {"policy": policy}
+    cfg["health"]["cooldown"] = "1h"  # the pool's breaker stays open: no put tries it again
+    run_child_until_flushed(cfg, _RECLAIM_CHILD)
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") is None
+        assert counters(reopened)["recovered_tombstoned"] == 1
 
 
 async def test_a_hung_delete_is_cut_off_and_still_never_comes_back(tmp_path: Path) -> None:

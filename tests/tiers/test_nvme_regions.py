@@ -113,6 +113,23 @@ async def test_reinsert_hits_0_copies_nothing_forward_whatever_the_worth(tmp_pat
         await tier.close()
 
 
+async def test_reinsert_hits_0_still_copies_what_the_owner_must_not_lose(tmp_path: Path) -> None:
+    """Copying forward off (endurance first) drops what the owner values, but not what it
+    values infinitely (its only durable copy of something it cannot lose: the engine's records
+    of refused deletes); None is the tier's own rule, which at 0 keeps nothing."""
+    tier = NvmeTier(nvme_config(tmp_path, regions=3, reinsert_hits=0))
+    tier.set_reclaim_worth(lambda name: math.inf if name == key(0) else None)
+    await tier.open()
+    try:
+        dropped = await _put_all(tier, range(400))
+        assert key(0) not in dropped and key(1) in dropped
+        got = await tier.get(key(0))
+        assert got is not None and payload_bytes(got[1]) == payload_for(0, 8000)
+        assert tier.stats()["entries_reinserted"] >= 1
+    finally:
+        await tier.close()
+
+
 async def test_lru_keeps_recently_read_region(tmp_path: Path) -> None:
     # four regions, one kept free for the checkpoint: three for data
     tier = NvmeTier(nvme_config(tmp_path, regions=4, reinsert_hits=0,

@@ -3,12 +3,19 @@
 The fleet cursor, the tombstones of refused deletes and the invalidations the shared tier's
 server has not taken are each one object under an engine key (`keys.is_engine_key`: no public
 key encodes to one, and the index never lists them). Recovery records where each was found
-(`EngineState.own`: key → tiers, more than one where deleting an older copy failed); `read_own`
-reads every copy there is, `keep_own` writes a new one and deletes the older ones. Every call
-goes through the tier's guard, as the cache's own calls do.
+(`EngineState.own`: key → tiers); `read_own` reads every copy there is, `keep_own` writes the
+new one and deletes the older ones. Every call goes through the tier's guard, as the cache's own
+calls do.
+
+Each record is kept in `OWN_COPIES` persistent tiers where the hierarchy has that many: it is
+small, written only at a flush, and one copy rotting on its media (a flipped bit, a torn write
+the device acknowledged) must not undo it. With one copy, a damaged record of refused deletes
+was dropped at open and the objects deleted while a device refused them came back.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from tierkv.engine._state import EngineState, log
 from tierkv.errors import DeviceError, TierKVError
@@ -31,21 +38,49 @@ async def read_own(state: EngineState, key: bytes) -> list[tuple[ObjectMeta, mem
     return found
 
 
+#: persistent tiers that keep a copy of each of the engine's records, where there are that many
+OWN_COPIES = 2
+
+
+def own_tiers(state: EngineState) -> list[int]:
+    """The tiers that may keep the engine's records: the local persistent ones, those whose
+    breakers are closed first (the others are tried too: a flush records what it must, or
+    fails)."""
+    usable = state.scheduler.usable
+    local = [tier for tier, device in enumerate(state.tiers)
+             if device.persistent and not device.shared]
+    return sorted(local, key=lambda tier: not usable[tier])
+
+
 async def keep_own(state: EngineState, key: bytes, data: bytes | None,
-                   tier: int | None = None) -> None:
-    """Write `data` as the engine's object `key` into `tier` (`data` None: keep none), then
-    delete its older copies. The write is made whatever the tier's breaker says (a flush or a
-    close writes these records, and must not pass over a healed tier still in its cool-down). A
-    failed write raises and changes nothing; an older copy whose delete fails stays listed in
-    `own` (logged): it is read again at the next open, where the newest copy wins."""
+                   tiers: Sequence[int] = ()) -> list[int]:
+    """Write `data` as the engine's object `key` into the first `OWN_COPIES` of `tiers` that
+    take it (`data` None: keep none), then delete its older copies; the tiers written. The
+    writes are made whatever the tiers' breakers say (a flush or a close writes these records,
+    and must not pass over a healed tier still in its cool-down). If no tier takes it, the
+    first failure is raised and nothing changed; an older copy whose delete fails stays listed
+    in `own` (logged): it is read again at the next open, where the newest copy wins."""
     held = list(state.own.get(key, []))
+    written: list[int] = []
     if data is not None:
-        assert tier is not None, "a copy is written into a tier"
         meta, payload = encode_value(data)
         meta = meta.with_generation(state.index.new_entry(key, meta).generation)
-        await state.guards[tier].insist(state.tiers[tier].put, key, meta, payload)
-        held = [tier, *(other for other in held if other != tier)]
-    for older in [other for other in held if data is None or other != tier]:
+        failure: TierKVError | None = None
+        for tier in tiers:
+            try:
+                await state.guards[tier].insist(state.tiers[tier].put, key, meta, payload)
+            except TierKVError as exc:
+                log.warning("tier %s: a copy of the engine's record %r was not written: %s",
+                            state.names[tier], key[1:].decode(errors="replace"), exc)
+                failure = failure or exc
+                continue
+            written.append(tier)
+            if len(written) == OWN_COPIES:
+                break
+        if not written:
+            raise failure or DeviceError("no persistent tier to keep the engine's record in")
+    held = written + [other for other in held if other not in written]
+    for older in [other for other in held if other not in written]:
         try:
             await state.guards[older].delete(state.tiers[older].delete, key)
         except TierKVError as exc:
@@ -57,3 +92,4 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
         state.own[key] = held
     else:
         state.own.pop(key, None)
+    return written

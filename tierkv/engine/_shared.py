@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._executor import MoveExecutor
-from tierkv.engine._own import keep_own, read_own
+from tierkv.engine._own import keep_own, own_tiers, read_own
 from tierkv.engine._state import EngineState
 from tierkv.errors import (
     CorruptObjectError,
@@ -109,20 +109,23 @@ class Shared:
         return max(copies)[1] if copies else None  # the newest copy's
 
     async def save_cursor(self) -> None:
-        """Keep this engine's position in the fleet's log in the first persistent tier, beside
-        the objects it describes (`flush`, `close`): a restart applies what came after it."""
+        """Keep this engine's position in the fleet's log in the persistent tiers (two where
+        there are two: `_own`), beside the objects it describes (`flush`, `close`): a restart
+        applies what came after it."""
         st = self._st
         if self.tier is None or self.tier.fleet is None:
             return
-        durable = st.scheduler.barrier_tier(_CURSOR.size)
-        if durable is None:
+        tiers = own_tiers(st)
+        if not tiers:
             return  # nothing persistent: nothing to recover, nothing to describe
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
                        if self._unpublished else None)
         try:
-            await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor), durable)
-            await keep_own(st, UNPUBLISHED_KEY, unpublished, durable)
-            await st.commits[durable].sync()
+            kept = await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor),
+                                  tiers)
+            await keep_own(st, UNPUBLISHED_KEY, unpublished, kept)  # beside its cursor
+            for tier in kept:
+                await st.commits[tier].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
             log.warning("could not keep the fleet cursor: %s", exc)
 

@@ -7,9 +7,9 @@ and a deleted or overwritten value would come back. Such a copy is
 *pending* here: its key and the tiers that may still hold it. `flush` (and so `close`) first
 retries each pending delete under the key's gate, then writes what is still pending as
 tombstones (`tierkv.formats.tombstones`: every copy of the key up to a generation bound is
-dead) into a persistent tier that takes the record, before the tiers' syncs: a flush that
-returns covers the deletes that returned before it, as it covers the puts. A flush that can
-write the record nowhere raises `DeviceError`.
+dead) into the persistent tiers that take the record (two where there are two: `_own`), before
+the tiers' syncs: a flush that returns covers the deletes that returned before it, as it covers
+the puts. A flush that can write the record nowhere raises `DeviceError`.
 
 The bound is taken under the key's gate, so no put of the key is half-way: with no entry
 indexed, every generation numbered so far; with one, the generations below its own (its copies,
@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 
 from tierkv.engine._copies import CopyOps
-from tierkv.engine._own import keep_own, read_own
+from tierkv.engine._own import keep_own, own_tiers, read_own
 from tierkv.engine._state import EngineState
 from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
 from tierkv.formats.tombstones import decode_tombstones, encode_tombstones
@@ -102,26 +102,14 @@ class Tombstones:
             await keep_own(st, TOMBSTONES_KEY, None)
             self._recorded = bounds
             return
-        record = encode_tombstones(bounds)
-        failure: TierKVError | None = None
-        # tiers whose breakers are open last, but tried: a flush records its refused deletes
-        # or fails (`keep_own` writes whatever the breaker says)
-        usable = st.scheduler.usable
-        for tier in sorted(range(len(st.tiers)), key=lambda tier: not usable[tier]):
-            device = st.tiers[tier]
-            if not device.persistent or device.shared:
-                continue
-            try:
-                # an older record left behind stays true (generations only grow)
-                await keep_own(st, TOMBSTONES_KEY, record, tier)
-            except TierKVError as exc:
-                failure = exc
-                continue
-            self._recorded = bounds
-            return
-        raise DeviceError(
-            f"{len(bounds)} deletes that a device refused could not be recorded in any "
-            "persistent tier: those objects may come back after a restart") from failure
+        try:
+            # an older record left behind stays true (generations only grow)
+            await keep_own(st, TOMBSTONES_KEY, encode_tombstones(bounds), own_tiers(st))
+        except TierKVError as exc:
+            raise DeviceError(
+                f"{len(bounds)} deletes that a device refused could not be recorded in any "
+                "persistent tier: those objects may come back after a restart") from exc
+        self._recorded = bounds
 
     async def recover(self) -> None:
         """At open: apply the tombstones recorded by earlier runs to what the tiers recovered."""

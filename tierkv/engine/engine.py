@@ -117,8 +117,9 @@ class Engine(ReadCalls):
         for index, tier in enumerate(self.tiers):
             tier.set_drop_listener(functools.partial(self._dropped, index))
             tier.set_space_listener(st.spaces[index].freed)
-            if tier.reclaims_space and st.scheduler.scored:
-                # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule)
+            if tier.reclaims_space:
+                # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule,
+                # but for the engine's records)
                 tier.set_reclaim_worth(functools.partial(st.scheduler.reclaim_worth, index))
         self._background.start()
         await self._shared.start(self._invalidations.forget)

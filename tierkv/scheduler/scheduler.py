@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
+from tierkv.keys import is_engine_key
 from tierkv.scheduler.admission import AdaptiveAdmission
 from tierkv.scheduler.lineage import Lineage
 from tierkv.scheduler.lru import LruPolicy
@@ -248,7 +249,7 @@ class Scheduler:
         admission = self.admission.get(tier)
         return admission is None or admission.admit(key)
 
-    def reclaim_worth(self, tier: int, key: bytes) -> float:
+    def reclaim_worth(self, tier: int, key: bytes) -> float | None:
         """What copying `key`'s entry forward is worth to a tier that reclaims whole regions
         (the nvme log) when it reclaims the region holding it (a write), rather than dropping
         it; 0: drop it. The log copies the most valuable entries that leave it room.
@@ -260,10 +261,14 @@ class Scheduler:
         is worth how far its rank lies above that of the last object the tier admitted:
         copying forward what is worth no more than what arrives would push out better objects
         later (and with every rank equal, a stopped clock, the log would rewrite each region to
-        free one entry). `lru`: 1 for every entry (the policy has no ranking to judge by; the
-        engine leaves the tier's own rule in place)."""
+        free one entry). `lru`: None, the tier's own rule (the policy has no ranking to judge
+        by). Under both, the engine's own records are worth the most: they must stay."""
+        if is_engine_key(key):
+            # the engine's own records (refused deletes, the fleet cursor): dropped, a flush
+            # that recorded a delete is undone, and the deleted value comes back after a crash
+            return math.inf
         if not self.scored:
-            return 1.0
+            return None
         score = self.book.get(key)
         if score is None:
             return 0.0

@@ -53,8 +53,9 @@ from tierkv.formats.value import ObjectMeta, Payload
 #: what `Tier.set_drop_listener` registers: called with the keys a tier dropped on its own
 DropListener = Callable[[Sequence[bytes]], None]
 #: what `Tier.set_reclaim_worth` registers: what copying a live entry of a region being
-#: reclaimed forward is worth (0 or less: drop it)
-ReclaimWorth = Callable[[bytes], float]
+#: reclaimed forward is worth (0 or less: drop it; infinite: it must stay; ``None``: the
+#: tier's own rule decides for this entry)
+ReclaimWorth = Callable[[bytes], float | None]
 
 
 class TierState(enum.Enum):
@@ -107,9 +108,12 @@ class Tier(ABC):
         """For a tier that reclaims space (`reclaims_space`): ask `worth(key)`, for each live
         entry of a region it reclaims, what copying the entry forward rather than dropping it
         is worth; entries worth more than 0 are copied, the most valuable first, as far as
-        they leave room for what the reclaim is for. Called on the loop, synchronously, before
-        the reclaim reads anything (and again for the rest after its reads). ``None``: the
-        tier's own rule decides. Other tiers ignore it (this default)."""
+        they leave room for what the reclaim is for; entries worth infinitely much are copied
+        even where the tier's config turns copying forward off (the only durable copy of
+        something its owner cannot lose). Called on the loop, synchronously, before the
+        reclaim reads anything (and again for the rest after its reads). ``None`` (for the
+        tier, or as an entry's worth): the tier's own rule decides. Other tiers ignore it
+        (this default)."""
         del worth  # a tier that frees objects one by one reclaims no regions
 
     def _space_freed(self) -> None:

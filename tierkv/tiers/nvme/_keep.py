@@ -8,6 +8,7 @@ await: the log calls it before its reads and again after them (see `RegionLog._f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tierkv.formats.nvme_layout import entry_size
@@ -30,14 +31,15 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
                     taken: list[HotEntry]) -> list[bytes]:
     """The entries of `victim` to copy forward besides those `asked` for already (read into
     `taken`): those the owner says are worth it, else those read at least `reinsert_hits`
-    times (none where it is 0), the most valuable (most read) first, as long as they leave
+    times (where it is 0, only those the owner must not lose: worth infinitely much), the most
+    valuable (most read) first, as long as they leave
     `room` bytes of the new head free, so that a reclaim always makes the room it was for
     (an owner that valued every entry would otherwise have the log rewrite region after
     region without freeing a byte)."""
     threshold = st.config.reinsert_hits
-    if not threshold:
-        return []
     worth = st.reclaim_worth
+    if not threshold and worth is None:
+        return []
     budget = st.config.region_size - st.align - room
     budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
     candidates: list[tuple[float, bytes, int]] = []
@@ -45,7 +47,11 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
         loc = st.index.get(key)
         if key in asked or loc is None:
             continue
-        value = worth(key) if worth is not None else loc.hits - threshold + 1
+        value = worth(key) if worth is not None else None
+        if value is None:
+            value = loc.hits - threshold + 1 if threshold else 0
+        elif not threshold and value != math.inf:
+            continue  # copying forward is off: only what the owner must not lose
         if value > 0:
             candidates.append((value, key, loc.length))
     candidates.sort(key=lambda candidate: -candidate[0])  # stable: ties in index order
