@@ -24,7 +24,7 @@ import pytest
 import tierkv
 from tests.engine._configs import MiB
 from tests.engine.test_fault_guarantees import MARGIN, SLOW, config, faulty_engine, value
-from tests.tiers.test_pmem_conformance import payload_offsets as pmem_payload_offsets
+from tests.tiers.test_pmem_conformance import flip_payload_byte
 from tierkv.errors import DeviceError
 from tierkv.keys import TOMBSTONES_KEY
 from tierkv.testing.faults import FaultPlan, open_with_faults
@@ -61,17 +61,6 @@ async def test_a_delete_the_device_refused_does_not_come_back(tmp_path: Path) ->
         assert counters(reopened)["recovered_tombstoned"] == 1
 
 
-def rot(pool: Path, key: bytes) -> None:
-    """Flip the bits of one byte of every record of `key` in the pmem pool file."""
-    media = pool.read_bytes()
-    offsets = pmem_payload_offsets(media, key)
-    assert offsets, f"no record of {key!r} in the pool"
-    with pool.open("r+b") as f:
-        for offset in offsets:
-            f.seek(offset)
-            f.write(bytes([media[offset] ^ 0xFF]))
-
-
 async def test_a_refused_delete_stays_deleted_when_a_copy_of_its_record_rots(
         tmp_path: Path) -> None:
     """The record of refused deletes is kept in both persistent tiers: bit rot in the copy in
@@ -85,7 +74,8 @@ async def test_a_refused_delete_stays_deleted_when_a_copy_of_its_record_rots(
     plan.add("pmem", "eio", rate=1.0, ops=["delete"])
     assert await kv.delete("k")
     await kv.close()
-    rot(Path(next(t["path"] for t in cfg["tiers"] if t["kind"] == "pmem")), TOMBSTONES_KEY)
+    pool = Path(next(t["path"] for t in cfg["tiers"] if t["kind"] == "pmem"))
+    flip_payload_byte(pool, TOMBSTONES_KEY)
     async with tierkv.open(cfg) as reopened:
         assert await reopened.get("k") is None
         assert counters(reopened)["recovered_tombstoned"] == 1

@@ -43,6 +43,17 @@ def payload_offsets(media: bytes, key: bytes) -> list[int]:
     return found
 
 
+def flip_payload_byte(path: Path, key: bytes) -> None:
+    """Flip the bits of one byte of the payload of every record of `key` in the pool file."""
+    media = path.read_bytes()
+    offsets = payload_offsets(media, key)
+    assert offsets, f"no record of {key!r} in {path}"
+    with path.open("r+b") as f:
+        for offset in offsets:
+            f.seek(offset)
+            f.write(bytes([media[offset] ^ 0xFF]))
+
+
 class PmemMedia(TierConformance):
     """The media hooks of every pmem conformance class."""
 
@@ -50,14 +61,7 @@ class PmemMedia(TierConformance):
         shutil.copyfile(directory / POOL, into / POOL)
 
     def corrupt_payload(self, directory: Path, key: bytes) -> None:
-        path = directory / POOL
-        media = path.read_bytes()
-        offsets = payload_offsets(media, key)
-        assert offsets, f"no record of {key!r} in {path}"
-        with path.open("r+b") as f:
-            for offset in offsets:
-                f.seek(offset)
-                f.write(bytes([media[offset] ^ 0xFF]))
+        flip_payload_byte(directory / POOL, key)
 
 
 class TestPmemConformance(PmemMedia):
