@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._three_tiers import three_tier_toml
 from tierkv._cli_signals import EXIT_TERMINATED, Terminated, run, terminable
 
 
@@ -56,30 +57,8 @@ def _trace(path: Path, requests: int) -> Path:
 
 @pytest.mark.pmem
 def test_a_terminated_trace_replay_leaves_no_scratch_media(tmp_path: Path) -> None:
-    (tmp_path / "pool").mkdir()
-    (tmp_path / "log").mkdir()
     config = tmp_path / "devices.toml"
-    config.write_text(f"""
-[[tiers]]
-name = "gpu"
-kind = "gpu"
-device = "cpu"
-capacity = "1MiB"
-slot_size = "16KiB"
-
-[[tiers]]
-name = "pmem"
-kind = "pmem"
-path = "{tmp_path / "pool" / "tierkv.pool"}"
-capacity = "8MiB"
-
-[[tiers]]
-name = "nvme"
-kind = "nvme"
-path = "{tmp_path / "log" / "tierkv.log"}"
-capacity = "64MiB"
-region_size = "1MiB"
-""")
+    config.write_text(three_tier_toml(tmp_path))
     trace = _trace(tmp_path / "trace.jsonl", 200_000)
     errors = tmp_path / "stderr"
     with errors.open("w") as stderr:

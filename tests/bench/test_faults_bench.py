@@ -12,45 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from tests._three_tiers import three_tier_toml
 from tierkv.bench import faults as soak
 from tierkv.bench.faults import MIN_VALUE, decode, encode, run_fault_soak
 from tierkv.cli import main
 from tierkv.config import load_config
 from tierkv.testing.faults import FaultPlan
 from tierkv.tiers.nvme.tier import NvmeTier
-
-
-def _config(directory: Path, write_policy: str = "write_back") -> str:
-    (directory / "pool").mkdir()
-    (directory / "log").mkdir()
-    return f"""
-[engine]
-write_policy = "{write_policy}"
-
-[health]
-slow_operation = "100ms"
-cooldown = "1s"
-
-[[tiers]]
-name = "gpu"
-kind = "gpu"
-device = "cpu"
-capacity = "1MiB"
-slot_size = "16KiB"
-
-[[tiers]]
-name = "pmem"
-kind = "pmem"
-path = "{directory / "pool" / "tierkv.pool"}"
-capacity = "8MiB"
-
-[[tiers]]
-name = "nvme"
-kind = "nvme"
-path = "{directory / "log" / "tierkv.log"}"
-capacity = "64MiB"
-region_size = "1MiB"
-"""
 
 
 def _leftovers(directory: Path) -> list[Path]:
@@ -71,7 +39,7 @@ def test_a_value_says_which_key_and_version_it_is() -> None:
 @pytest.mark.pmem
 def test_the_soak_runs_from_the_command_line(tmp_path: Path) -> None:
     config = tmp_path / "devices.toml"
-    config.write_text(_config(tmp_path))
+    config.write_text(three_tier_toml(tmp_path))
     out = tmp_path / "soak.json"
     spec = "pmem:eio=0.05,nvme:torn=0.03,nvme:flip=0.03,nvme:latency=0.02@150ms"
     assert main(["bench", "--config", str(config), "--faults", spec, "--quick",
@@ -102,7 +70,7 @@ def test_the_soak_runs_under_the_seed_it_is_given(tmp_path: Path) -> None:
     """`--seed` seeds the fault draws and the clients' choices, and the report records it (the
     background moves' timing still makes no two runs identical)."""
     config = tmp_path / "devices.toml"
-    config.write_text(_config(tmp_path))
+    config.write_text(three_tier_toml(tmp_path))
     out = tmp_path / "soak.json"
     assert main(["bench", "--config", str(config), "--faults", "pmem:eio=0.2",
                  "--count", "150", "--concurrency", "1", "--seed", "7",
@@ -119,7 +87,7 @@ async def test_write_through_loses_nothing_to_failing_writes_and_hung_reads(
     """Under write-through every put that returned is durable: EIO and torn writes on nvme,
     EIO on pmem and hung nvme reads (cut off) must lose none of them."""
     path = tmp_path / "devices.toml"
-    path.write_text(_config(tmp_path, "write_through"))
+    path.write_text(three_tier_toml(tmp_path, "write_through"))
     config = load_config(path)
     plan = FaultPlan.parse("pmem:eio=0.05,nvme:eio=0.02,nvme:torn=0.05,"
                            "nvme:hang=0.02;ops=get", seed=3)
@@ -143,7 +111,7 @@ async def test_write_through_loses_nothing_to_failing_writes_and_hung_reads(
 def test_a_bad_spec_is_one_line_and_exit_2(tmp_path: Path, spec: str, device: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "devices.toml"
-    config.write_text(_config(tmp_path))
+    config.write_text(three_tier_toml(tmp_path))
     assert main(["bench", "--config", str(config), "--device", device, "--faults", spec,
                  "--quick"]) == 2
     err = capsys.readouterr().err
@@ -204,7 +172,7 @@ async def test_reads_cut_off_during_the_read_back_are_not_lost_objects(
     """The soak of `tests/bench/test_faults_bench.py` (1,500 operations, 4 clients, its faults,
     seed 0), its final read slowed as the parameter says: no unexplained loss."""
     path = tmp_path / "devices.toml"
-    path.write_text(_config(tmp_path))
+    path.write_text(three_tier_toml(tmp_path))
     config = load_config(path)
     recovery = soak._recovery
     slow = _SlowReads(monkeypatch, after=16, stall=stall)
