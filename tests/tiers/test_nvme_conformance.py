@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._media import flip_payload_bytes
 from tests.tiers._nvme_support import nvme_config
 from tierkv._platform import io_uring_sqpoll_available
 from tierkv.config import NvmeBackend
@@ -69,14 +70,7 @@ class NvmeMedia(TierConformance):
         shutil.copyfile(directory / LOG, into / LOG)
 
     def corrupt_payload(self, directory: Path, key: bytes) -> None:
-        path = directory / LOG
-        media = path.read_bytes()
-        offsets = payload_offsets(media, key)
-        assert offsets, f"no entry of {key!r} in {path}"
-        with path.open("r+b") as f:
-            for offset in offsets:
-                f.seek(offset)
-                f.write(bytes([media[offset] ^ 0xFF]))
+        flip_payload_bytes(directory / LOG, key, payload_offsets)
 
 
 @pytest.mark.uring

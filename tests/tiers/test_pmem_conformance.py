@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._media import flip_payload_bytes
 from tierkv.config import PmemTierConfig
 from tierkv.errors import CorruptObjectError
 from tierkv.formats import pmem_layout as layout
@@ -45,13 +46,7 @@ def payload_offsets(media: bytes, key: bytes) -> list[int]:
 
 def flip_payload_byte(path: Path, key: bytes) -> None:
     """Flip the bits of one byte of the payload of every record of `key` in the pool file."""
-    media = path.read_bytes()
-    offsets = payload_offsets(media, key)
-    assert offsets, f"no record of {key!r} in {path}"
-    with path.open("r+b") as f:
-        for offset in offsets:
-            f.seek(offset)
-            f.write(bytes([media[offset] ^ 0xFF]))
+    flip_payload_bytes(path, key, payload_offsets)
 
 
 class PmemMedia(TierConformance):
