@@ -44,7 +44,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
-from tierkv._deadline import stall_aware_timeout
+from tierkv._deadline import CutOffs
 from tierkv.config import HealthConfig
 from tierkv.errors import DeviceError, TierUnavailableError
 from tierkv.health import BreakerState, CircuitBreaker
@@ -57,8 +57,8 @@ Changed = Callable[[int, BreakerState], None]
 
 
 class Guard:
-    __slots__ = ("_changed", "_clock", "_index", "_slow", "_timed", "breaker", "name",
-                 "transitions")
+    __slots__ = ("_changed", "_clock", "_cut_offs", "_index", "_slow", "_timed", "breaker",
+                 "name", "transitions")
 
     def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
                  timed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
@@ -70,6 +70,7 @@ class Guard:
         self._changed = changed
         self._clock = clock
         self._slow = health.slow_operation
+        self._cut_offs = CutOffs(health.slow_operation)
         #: state changes by the state entered
         self.transitions: dict[str, int] = {state.value: 0 for state in BreakerState}
         self.breaker = CircuitBreaker.from_config(health, name=name, on_change=self._on_change)
@@ -131,7 +132,7 @@ class Guard:
         slow = False if self._timed else None
         try:
             if self._timed:
-                async with stall_aware_timeout(self._slow):
+                with self._cut_offs():
                     result = await call(*args, **kwargs)
             else:
                 result = await call(*args, **kwargs)

@@ -135,8 +135,9 @@ class Fleet:
         self._tomb(keys, order)
         self._counters["invalidations_published"] += 1
         try:
-            async with stall_aware_timeout(self._config.timeout), self._advanced:
-                await self._advanced.wait_for(lambda: self.cursor >= order)
+            with stall_aware_timeout(self._config.timeout):
+                async with self._advanced:
+                    await self._advanced.wait_for(lambda: self.cursor >= order)
         except TimeoutError:
             log.warning("the shared tier's invalidation log did not come back within %gs",
                         self._config.timeout)

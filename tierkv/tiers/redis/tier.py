@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from tierkv._deadline import stall_aware_timeout
+from tierkv._deadline import CutOffs
 from tierkv.config import RedisTierConfig, TierKind
 from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
 from tierkv.formats.header import checksum
@@ -92,6 +92,8 @@ class RedisTier(Tier):
         #: calls in flight at once: redis-py's pools raise `MaxConnectionsError` rather than wait
         #: for a connection, and the fleet's blocking read holds one of them
         self._slots = asyncio.Semaphore(config.pool_size)
+        #: every call's bound (the clients have no timeouts of their own, `make_client`)
+        self._cut_offs = CutOffs(config.timeout)
         self._counters = {"hits": 0, "misses": 0, "corrupt": 0, "superseded": 0,
                           "lookups": 0, "lookup_hits": 0, "round_trips": 0, "errors": 0}
 
@@ -131,9 +133,8 @@ class RedisTier(Tier):
             if client is not None:
                 # a broken connection: nothing to release; a server that does not take the
                 # close: bounded here (the client has no timeout of its own, `make_client`)
-                with contextlib.suppress(Exception):
-                    async with stall_aware_timeout(self.config.timeout):
-                        await client.aclose()
+                with contextlib.suppress(Exception), self._cut_offs():
+                    await client.aclose()
         self._client = self._follower = None
 
     # -- calls -------------------------------------------------------------------------------
@@ -156,7 +157,7 @@ class RedisTier(Tier):
         would otherwise hold one of the data path's connections half the time)."""
         redis = import_client()
         try:
-            async with stall_aware_timeout(self.config.timeout):
+            with self._cut_offs():
                 return await call
         except TimeoutError:
             self._counters["errors"] += 1
