@@ -83,3 +83,23 @@ async def test_pin_is_zero_copy_and_survives_delete(tier: GpuTier) -> None:
     assert tier.used == 8 * SLOT  # the view lent by the pin is alive: its slot stays reserved
     del view
     assert tier.used == 7 * SLOT
+
+
+async def test_a_host_view_keeps_its_slots_until_the_last_view_made_from_it_is_gone(
+        tier: GpuTier) -> None:
+    await tier.put(b"h", meta(SLOT), memoryview(b"h" * SLOT))
+    lent = tier.lend_host(b"h")
+    assert lent is not None
+    token, view = lent
+    del lent
+    assert bytes(view) == b"h" * SLOT
+    part = view[10:20]  # what a copy on a worker thread may still hold
+    del view
+    await tier.delete(b"h")
+    tier.release_pin(token)
+    for i in range(7):
+        await tier.put(bytes([i]), meta(SLOT), memoryview(bytes([i]) * SLOT))
+    assert tier.used == 8 * SLOT and not tier.fits(1)  # the lent slot is still reserved
+    assert bytes(part) == b"h" * 10
+    del part
+    assert tier.used == 7 * SLOT and tier.fits(SLOT)

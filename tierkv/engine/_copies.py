@@ -52,14 +52,14 @@ class CopyOps:
         the loop where the target copies on worker threads; elsewhere a `read` copy."""
         device = self._st.pinning[tier]
         if device is not None and await device.contains(entry.key):
-            token, view = device.acquire_pin(entry.key)
-            if view.device.type == "cpu":
+            lent = device.lend_host(entry.key)
+            if lent is not None:
+                token, view = lent
                 try:
                     yield view
                 finally:
                     device.release_pin(token)
                 return
-            device.release_pin(token)
         got = await self.read(entry, tier)
         yield None if got is None else got[1]
 

@@ -261,8 +261,15 @@ class ZeroCopyPinning(Protocol):
         """Pin the object under `key`; `KeyError` if absent. The tensor aliases tier memory."""
         ...
 
+    def lend_host(self, key: bytes) -> tuple[PinToken, memoryview] | None:
+        """As `acquire_pin`, with a byte view instead of a tensor, where the object is in host
+        memory (``None`` elsewhere: on a CUDA device): what the engine copies into another tier
+        from, without making a tensor. The memory stays reserved while the view, or any view
+        made from it, lives (a copy a worker thread still makes), even past `release_pin`."""
+        ...
+
     def release_pin(self, token: PinToken) -> None:
-        """Give a pin back (exactly once per `acquire_pin`)."""
+        """Give a pin back (exactly once per `acquire_pin` or `lend_host`)."""
         ...
 
     def is_pinned(self, key: bytes) -> bool:

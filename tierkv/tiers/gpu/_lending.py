@@ -7,7 +7,8 @@ next — another tenant's KV block. So the view is not a slice of the pool tenso
 every slot shares) but a tensor over its own *owner* object: torch keeps the object that a
 tensor's memory came from alive for as long as any tensor uses that memory (`torch.from_numpy`
 holds the array; `torch.as_tensor` over ``__cuda_array_interface__`` holds the producer), so a
-`weakref.finalize` on the owner says exactly when the last view is gone.
+`weakref.finalize` on the owner says exactly when the last view is gone. The engine's own copies
+out of host slots take a memoryview over the same owner instead (`lend_host`): no tensor made.
 """
 
 from __future__ import annotations
@@ -37,12 +38,23 @@ def lend(host: memoryview | None, storage: torch.Tensor, offset: int, nbytes: in
     """A flat ``uint8`` tensor over ``[offset, offset + nbytes)`` of the pool: of `host` (the
     pool's memory on the CPU) or, on a CUDA device, of `storage`. `returned` is called once the
     last tensor using that memory is gone (on whatever thread drops it)."""
-    owner: Any
     if host is not None:
-        owner = np.frombuffer(host, dtype=np.uint8, count=nbytes, offset=offset)
-        view = torch.from_numpy(owner)
-    else:
-        owner = _DeviceBytes(storage.data_ptr() + offset, nbytes)
-        view = torch.as_tensor(owner, device=storage.device)
+        return torch.from_numpy(_host_owner(host, offset, nbytes, returned))
+    owner = _DeviceBytes(storage.data_ptr() + offset, nbytes)
+    view = torch.as_tensor(owner, device=storage.device)
     weakref.finalize(owner, returned)
     return view
+
+
+def lend_host(host: memoryview, offset: int, nbytes: int,
+              returned: Callable[[], None]) -> memoryview:
+    """`lend` of host memory without the tensor: a byte view (a memoryview holds the array it
+    views, and so does every view sliced from it), for the engine's own copies."""
+    return _host_owner(host, offset, nbytes, returned).data
+
+
+def _host_owner(host: memoryview, offset: int, nbytes: int,
+                returned: Callable[[], None]) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    owner = np.frombuffer(host, dtype=np.uint8, count=nbytes, offset=offset)
+    weakref.finalize(owner, returned)
+    return owner

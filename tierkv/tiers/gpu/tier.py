@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +36,7 @@ from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier
-from tierkv.tiers.gpu._lending import lend
+from tierkv.tiers.gpu._lending import lend, lend_host
 from tierkv.tiers.gpu._slots import SlotAllocator
 
 #: memory of dropped tensor results kept for reuse on the CPU device (`_buffers`)
@@ -226,21 +226,32 @@ class GpuTier(Tier):
     def acquire_pin(self, key: bytes) -> tuple[PinToken, torch.Tensor]:
         """The pin, and a tensor over the object's slots that keeps them reserved for as long
         as it or any tensor made from it lives, even past `release_pin` (`_lending`)."""
+        allocation, offset, returned = self._pin(key)
+        return allocation, lend(self._host, self._storage, offset, allocation.meta.nbytes,
+                                returned)
+
+    def lend_host(self, key: bytes) -> tuple[PinToken, memoryview] | None:
+        if self._host is None:
+            return None
+        allocation, offset, returned = self._pin(key)
+        return allocation, lend_host(self._host, offset, allocation.meta.nbytes, returned)
+
+    def _pin(self, key: bytes) -> tuple[_Allocation, int, Callable[[], None]]:
+        """Pin `key`'s allocation with one view lent: its offset, and what to call once the
+        last use of that view is gone (on any thread)."""
         self._check_open()
         allocation = self._objects[key]
         allocation.pins += 1
         allocation.views += 1
-        offset = allocation.start * self.slot_size
         loop, thread = asyncio.get_running_loop(), threading.get_ident()
 
-        def returned() -> None:  # the last tensor over the view is gone, on any thread
+        def returned() -> None:
             if threading.get_ident() == thread:
                 self._view_returned(allocation)
             elif not loop.is_closed():
                 loop.call_soon_threadsafe(self._view_returned, allocation)
 
-        return allocation, lend(self._host, self._storage, offset, allocation.meta.nbytes,
-                                returned)
+        return allocation, allocation.start * self.slot_size, returned
 
     def _view_returned(self, allocation: _Allocation) -> None:
         allocation.views -= 1
