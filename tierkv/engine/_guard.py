@@ -57,8 +57,8 @@ Changed = Callable[[int, BreakerState], None]
 
 
 class Guard:
-    __slots__ = ("_changed", "_clock", "_cut_offs", "_index", "_slow", "_timed", "breaker",
-                 "name", "transitions")
+    __slots__ = ("_changed", "_clock", "_cut_offs", "_index", "_timed", "breaker", "name",
+                 "transitions")
 
     def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
                  timed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
@@ -69,7 +69,6 @@ class Guard:
         self.name = name
         self._changed = changed
         self._clock = clock
-        self._slow = health.slow_operation
         self._cut_offs = CutOffs(health.slow_operation)
         #: state changes by the state entered
         self.transitions: dict[str, int] = {state.value: 0 for state in BreakerState}
@@ -140,7 +139,7 @@ class Guard:
             if permit is not None:
                 breaker.failure(permit, self._clock())
             raise DeviceError(f"tier {self.name!r} did not answer {what} within "
-                              f"{self._slow:g}s; {then}") from None
+                              f"{self._cut_offs.seconds:g}s; {then}") from None
         except BaseException as exc:
             if permit is not None:
                 self._report(permit, exc)
