@@ -30,6 +30,10 @@ is given back to it, and a completion the loop took in with the deadline wins
 (`tierkv._deadline`), so a loop held up for longer than `slow_operation` neither turns the reads
 then in flight into misses nor counts them against the breaker.
 
+The gpu tier's guard is *direct*: its reads, writes and deletes go straight to the tier. It does
+no device IO (its calls are copies), so nothing it raises on them is a `DeviceError`, and its
+breaker could never open; its books and a cut-off were a third of an L1 hit's time.
+
 A failure is a `DeviceError` of the tier (or a cut-off call); other errors (a full tier, a
 closed engine, a cancelled caller) say nothing about the device. A state change is logged by
 the breaker, counted here, and handed to the listener (the engine tells the scheduler, so that
@@ -57,15 +61,17 @@ Changed = Callable[[int, BreakerState], None]
 
 
 class Guard:
-    __slots__ = ("_changed", "_clock", "_cut_offs", "_index", "_timed", "breaker", "name",
+    __slots__ = ("_changed", "_clock", "_cut_offs", "_direct", "_index", "breaker", "name",
                  "transitions")
 
     def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
-                 timed: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 direct: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
         self._index = index
-        #: reads and writes are cut off at `slow_operation` (not in a tier that does no IO, the
-        #: gpu slot pool, whose calls are copies on the loop: a timer would cost more than they do)
-        self._timed = timed
+        #: reads, writes and deletes go straight to the tier, past the breaker and uncut: a tier
+        #: that does no device IO (the gpu slot pool, whose calls are copies) raises no
+        #: `DeviceError` there, which is all a breaker counts, and on an L1 hit of a few µs the
+        #: breaker's books and a cut-off were a third of the get
+        self._direct = direct
         self.name = name
         self._changed = changed
         self._clock = clock
@@ -83,11 +89,15 @@ class Guard:
         return self.breaker.state(self._clock())
 
     async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._direct:
+            return await call(*args, **kwargs)
         return await self._cut_off(self._admit(), "a read", "read elsewhere", call, *args,
                                    **kwargs)
 
     async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
+        if self._direct:
+            return await call(*args, **kwargs)
         return await self._cut_off(self._admit(), "a write", "write elsewhere", call, *args,
                                    **kwargs)
 
@@ -95,6 +105,8 @@ class Guard:
                      **kwargs: P.kwargs) -> T:
         """A delete: made whatever the breaker says, cut off at `slow_operation` like a read
         (the caller records a delete that failed or was cut off: `_tombstones`)."""
+        if self._direct:
+            return await call(*args, **kwargs)
         return await self._cut_off(self._allow(), "a delete",
                                    "it is retried", call, *args, **kwargs)
 
@@ -126,14 +138,8 @@ class Guard:
                        call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one."""
         breaker = self.breaker
-        # a timed call that was not cut off was not slow: the cut-off discounts the loop's own
-        # stalls, which the breaker's clock cannot
-        slow = False if self._timed else None
         try:
-            if self._timed:
-                with self._cut_offs():
-                    result = await call(*args, **kwargs)
-            else:
+            with self._cut_offs():
                 result = await call(*args, **kwargs)
         except TimeoutError:
             if permit is not None:
@@ -145,13 +151,15 @@ class Guard:
                 self._report(permit, exc)
             raise
         if permit is not None:
-            breaker.success(permit, self._clock(), slow=slow)
+            # a call that was not cut off was not slow: the cut-off discounts the loop's own
+            # stalls, which the breaker's clock cannot
+            breaker.success(permit, self._clock(), slow=False)
         return result
 
     def _allow(self) -> Permit | None:
         """The breaker's permit for a call `_cut_off` makes: one it cuts off and reports itself,
         so the breaker's clock does not expire it (a stall of the loop is given back)."""
-        return self.breaker.allow(self._clock(), bounded=self._timed)
+        return self.breaker.allow(self._clock(), bounded=True)
 
     def _admit(self) -> Permit:
         permit = self._allow()

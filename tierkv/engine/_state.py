@@ -96,7 +96,7 @@ class EngineState:
         #: each tier's circuit breaker, through which every call into the tier goes
         self.guards = tuple(
             Guard(index, tier.name, config.health, self._breaker_changed,
-                  timed=tier.kind is not TierKind.GPU)
+                  direct=tier.kind is TierKind.GPU)
             for index, tier in enumerate(tiers))
         group = config.engine.group_commit
         self.commits = tuple(
