@@ -128,7 +128,7 @@ from tierkv.tiers.nvme._flush import LogFlush
 from tierkv.tiers.nvme._introspection import describe_log, log_stats, probe
 from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
-from tierkv.tiers.nvme._regions import RegionState
+from tierkv.tiers.nvme._regions import RegionState, Superseded
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._timing import time_device_read
 from tierkv.tiers.nvme._writes import RegionWrites
@@ -286,6 +286,12 @@ class NvmeTier(Tier):
             current = st.index.get(key)
             if current is not None and (current.region, current.offset) == (loc.region, loc.offset):
                 st.forget(key)
+                # its record stays on media (a bit may have flipped on the way, not there) until
+                # the region is reused: tombstoned at the next write or flush, as a failed write's
+                # are, or a scan would bring back an object the cache let go of, even after a
+                # delete of its key that then found nothing to delete
+                st.superseded.append(Superseded(frozenset((key,)),
+                                                ((region.index, region.seq),)))
                 self._dropped([key])  # the tier let go of it on its own
             if entry is not None:
                 st.counters["checksum_failures"] += 1
