@@ -60,16 +60,15 @@ class CutOffs:
     def _task(self) -> tuple[asyncio.AbstractEventLoop, asyncio.Task[object]]:
         loop = self._loop
         # asking with the loop saves `get_running_loop` (a getpid system call in 3.11) per call
-        task = asyncio.current_task(loop) if loop is not None else None
+        if loop is not None and (task := asyncio.current_task(loop)) is not None:
+            return loop, task
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
         if task is None:
-            loop = asyncio.get_running_loop()
-            task = asyncio.current_task(loop)
-            if task is None:
-                raise RuntimeError("a cut-off is used inside a task")
-            if loop is not self._loop:  # a new loop: what ran on the old one is gone
-                self._loop, self._handle = loop, None
-                self._calls.clear()
-        assert loop is not None
+            raise RuntimeError("a cut-off is used inside a task")
+        # a task here and none on the loop kept: a new loop (what ran on the old one is gone)
+        self._loop, self._handle = loop, None
+        self._calls.clear()
         return loop, task
 
     def _started(self, call: CutOff, due: float) -> None:
