@@ -12,7 +12,8 @@ import pytest
 
 from tierkv.formats import header
 from tierkv.formats.value import ObjectMeta, ValueKind
-from tierkv.tiers.pmem._native import MIRRORED_LAYOUT, abi_mismatch, library_path
+from tierkv.tiers._native import library_path
+from tierkv.tiers.pmem._native import MIRRORED_LAYOUT, abi_mismatch
 
 SOURCES = [Path(__file__).parents[2] / "tierkv" / "_native" / name
            for name in ("pmem_copy.c", "copy_queue.c")]

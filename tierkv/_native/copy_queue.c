@@ -1,4 +1,5 @@
-/* Worker threads that run the pmem tier's puts and gets (pmem_copy.c) without the GIL.
+/* Worker threads that run copies without the GIL: the pmem tier's puts and gets (pmem_copy.c),
+ * and the plain copies of the gpu tier's host slots on the CPU.
  *
  * The event loop submits jobs (`tkv_queue_submit`, nanoseconds: a linked-list append under a
  * mutex) and watches an eventfd; a worker runs each job wholly in C and appends it to the done
@@ -46,8 +47,14 @@ static void run_job(struct tkv_job *job)
             strncpy(job->message, message ? message : "", sizeof(job->message) - 1);
             job->message[sizeof(job->message) - 1] = '\0';
         }
-    } else {
+    } else if (job->op == TKV_OP_GET) {
         job->status = tkv_copy_verified(job->dest, job->src, job->len, job->expected);
+    } else if (job->op == TKV_OP_COPY) {
+        memcpy(job->dest, job->src, job->len);
+        job->status = 1;
+    } else {
+        job->status = -1;
+        job->error = EINVAL;
     }
 }
 

@@ -1,5 +1,7 @@
-/* Shared declarations of the pmem tier's native library: pmem_copy.c and copy_queue.c.
- * The Python mirror of these structures is tierkv/tiers/pmem/_native.py: change both together. */
+/* Shared declarations of the native library: pmem_copy.c (the pmem tier's copy-and-hash paths)
+ * and copy_queue.c (the worker threads that run them, and the gpu tier's host copies on the CPU).
+ * The Python mirrors of these structures are tierkv/tiers/_native.py (the job, the queue) and
+ * tierkv/tiers/pmem/_native.py (the pmem put): change them together. */
 #ifndef TIERKV_COPY_QUEUE_H
 #define TIERKV_COPY_QUEUE_H
 
@@ -9,7 +11,7 @@
 /* Bumped with any change of the structures or functions below; the loader refuses a library of
  * another version (a stale build), as it refuses one whose structure sizes differ. */
 #ifndef TKV_ABI_VERSION /* a test builds a stale-looking library by defining it */
-#define TKV_ABI_VERSION 2
+#define TKV_ABI_VERSION 3
 #endif
 
 typedef struct { uint64_t pool_uuid_lo; uint64_t off; } tkv_oid;
@@ -46,10 +48,11 @@ struct tkv_put {
     uint64_t address;
 };
 
-enum { TKV_OP_PUT = 1, TKV_OP_GET = 2 };
+enum { TKV_OP_PUT = 1, TKV_OP_GET = 2, TKV_OP_COPY = 3 };
 
-/* One queued job: a put (`put`, out: `oid`, `status` = PMDK's, `error`, `message`) or a get
- * (`dest`, `src`, `len`, `expected`; out: `status` = 1 when the checksum matched). */
+/* One queued job: a put (`put`, out: `oid`, `status` = PMDK's, `error`, `message`), a get
+ * (`dest`, `src`, `len`, `expected`; out: `status` = 1 when the checksum matched) or a plain
+ * copy (`dest`, `src`, `len`; out: `status` = 1). */
 struct tkv_job {
     uint64_t id;
     uint32_t op;

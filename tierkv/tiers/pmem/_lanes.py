@@ -23,11 +23,11 @@ from tierkv.errors import DeviceError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind
 from tierkv.tiers._buffers import BufferRecycler, fresh_bytes
 from tierkv.tiers._copythreads import CopyThreads, Finish
+from tierkv.tiers._native_queue import NativeQueue
 from tierkv.tiers.pmem._copy import copy_out
 from tierkv.tiers.pmem._native import NativeCopies, Outcome
 from tierkv.tiers.pmem._native import load as load_native
 from tierkv.tiers.pmem._pool import PoolObject
-from tierkv.tiers.pmem._queue import NativeQueue
 from tierkv.tiers.pmem._records import PreparedPut, RecordWriter
 
 T = TypeVar("T")
@@ -93,7 +93,8 @@ class CopyLanes:
             self._copy_threads = copier
         else:  # the native workers take every large copy: the Python thread was for the walk
             await copier.close()
-            self._native_queue = NativeQueue(self.native, loop, NATIVE_WORKERS, self._depth)
+            self._native_queue = NativeQueue(self.native.queue, loop, NATIVE_WORKERS,
+                                             self._depth)
         return opened
 
     async def close(self) -> None:
@@ -133,7 +134,8 @@ class CopyLanes:
             finish(obj, error, abandoned)
 
         try:
-            await self._queue().put(native_put, finish_native)
+            await self._queue().put(native_put.address, native_put.result_of, finish_native,
+                                    native_put)
         except DeviceError as exc:
             writer.raise_if_full(exc, prepared.record_size)
             raise

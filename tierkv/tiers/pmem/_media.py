@@ -13,8 +13,8 @@ from pathlib import Path
 from tierkv.config import PmemTierConfig
 from tierkv.errors import DeviceError
 from tierkv.formats import pmem_layout as layout
+from tierkv.tiers._native import library_path
 from tierkv.tiers.pmem import _pmemobj as pmemobj
-from tierkv.tiers.pmem._native import library_path
 
 
 @dataclass(frozen=True, slots=True)

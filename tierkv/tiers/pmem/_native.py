@@ -18,21 +18,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.machinery
 import logging
 from pathlib import Path
 
-import tierkv._native
 from tierkv.errors import DeviceError
 from tierkv.formats import header
 from tierkv.formats.header import HeaderParts
+from tierkv.tiers._native import Job, QueueCalls, job_mismatch, library_path
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 
 log = logging.getLogger(__name__)
-
-LIBRARY_STEM = "pmem_copy"
-#: `TKV_ABI_VERSION` of tierkv/_native/copy_queue.h that these bindings mirror
-ABI_VERSION = 2
 #: what ``tkv_layout(i)`` must answer: the object-header facts pmem_copy.c mirrors, in its order
 MIRRORED_LAYOUT = (
     ("header prefix size", header.PREFIX.size),
@@ -75,30 +70,6 @@ class _Put(ctypes.Structure):
         ("payload_sum", ctypes.c_uint64),
         ("payload_offset", ctypes.c_uint64),
         ("address", ctypes.c_uint64),
-    )
-
-
-OP_PUT = 1
-OP_GET = 2
-
-
-class Job(ctypes.Structure):
-    """``struct tkv_job``: one put or get queued to the library's worker threads."""
-
-    _fields_ = (
-        ("id", ctypes.c_uint64),
-        ("op", ctypes.c_uint32),
-        ("status", ctypes.c_int32),
-        ("error", ctypes.c_int32),
-        ("reserved", ctypes.c_int32),
-        ("put", ctypes.c_void_p),
-        ("oid", pmemobj.PMEMoid),
-        ("dest", ctypes.c_void_p),
-        ("src", ctypes.c_void_p),
-        ("len", ctypes.c_size_t),
-        ("expected", ctypes.c_uint64),
-        ("next", ctypes.c_void_p),
-        ("message", ctypes.c_char * 256),
     )
 
 
@@ -149,6 +120,12 @@ class NativePut:
         """The address of the C structure, for a queued job (`_queue`)."""
         return ctypes.addressof(self._args)
 
+    def result_of(self, job: Job) -> Outcome:
+        """What the queued put's `job` reports: `outcome`, or the allocation's `DeviceError`."""
+        if job.status != 0:
+            raise pmemobj.failure(self.what, job.error, job.message.decode(errors="replace"))
+        return self.outcome(pmemobj.PMEMoid(*job.oid))
+
     def outcome(self, oid: pmemobj.PMEMoid) -> Outcome:
         """What `run` returns, once the C code has filled the record allocated as `oid`."""
         args = self._args
@@ -176,23 +153,7 @@ class NativeCopies:
         self._copy_verified.restype = ctypes.c_int
         self._copy_verified.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                         ctypes.c_uint64)
-        # submit and reap take a mutex that workers hold for a list append: they keep the GIL
-        held = ctypes.PyDLL(str(self.path))
-        self.queue_create = library.tkv_queue_create
-        self.queue_create.restype = ctypes.c_void_p
-        self.queue_create.argtypes = (ctypes.c_int,)
-        self.queue_eventfd = held.tkv_queue_eventfd
-        self.queue_eventfd.restype = ctypes.c_int
-        self.queue_eventfd.argtypes = (ctypes.c_void_p,)
-        self.queue_submit = held.tkv_queue_submit
-        self.queue_submit.restype = None
-        self.queue_submit.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
-        self.queue_reap = held.tkv_queue_reap
-        self.queue_reap.restype = ctypes.c_int
-        self.queue_reap.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int)
-        self.queue_destroy = library.tkv_queue_destroy
-        self.queue_destroy.restype = None
-        self.queue_destroy.argtypes = (ctypes.c_void_p,)
+        self.queue = QueueCalls(library)
         self.write_header = library.tkv_write_header  # the constructor's last step, for tests
         self.write_header.restype = ctypes.c_size_t
         self.write_header.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64)
@@ -207,16 +168,6 @@ class NativeCopies:
     def xxh3_64(self, address: int, nbytes: int) -> int:
         """The library's xxh3-64 of `nbytes` at `address` (tests compare it with Python's)."""
         return int(self._xxh3(address, nbytes))
-
-
-def library_path() -> Path | None:
-    """The built library in the package, or ``None`` when it was not built."""
-    folder = Path(tierkv._native.__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = folder / f"{LIBRARY_STEM}{suffix}"
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 @functools.cache
@@ -244,16 +195,11 @@ def abi_mismatch(library: ctypes.CDLL) -> str:
     structures of other sizes, or header layout facts (`MIRRORED_LAYOUT`) that differ from
     `formats.header`. A stale build would otherwise read and write past the structures Python
     hands it, or write records that recovery frees as corrupt."""
-    try:
-        version = library.tkv_abi_version
-        sizeof = library.tkv_sizeof
-    except AttributeError:
-        return "it predates ABI versioning"
-    version.restype, version.argtypes = ctypes.c_int, ()
-    sizeof.restype, sizeof.argtypes = ctypes.c_size_t, (ctypes.c_int,)
-    if version() != ABI_VERSION:
-        return f"ABI version {version()}, these bindings need {ABI_VERSION}"
-    for which, structure in enumerate((_Api, _Put, Job)):
+    mismatch = job_mismatch(library)
+    if mismatch:
+        return mismatch
+    sizeof = library.tkv_sizeof
+    for which, structure in enumerate((_Api, _Put)):
         if sizeof(which) != ctypes.sizeof(structure):
             return (f"struct {structure.__name__} is {sizeof(which)} bytes there and "
                     f"{ctypes.sizeof(structure)} here")

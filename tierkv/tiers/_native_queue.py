@@ -1,18 +1,20 @@
-"""The pmem tier's large copies on the native library's worker threads, finished on the loop.
+"""Large copies on the native library's worker threads, finished on the loop.
 
-Separate from the tier because it is the asyncio side of `copy_queue.c`: a job (a prepared
-`NativePut`, or a get's copy-and-verify) is submitted with one short C call; the workers run it
-wholly in C, never taking the GIL; the loop watches the queue's eventfd (`add_reader`) and, on
-each wake-up, reaps every job that has finished. Each job's `finish` runs on the loop when it
-ends, before its future is resolved and whether or not the caller still waits, exactly as with
-`_copythreads.CopyThreads` (which the Python copy path keeps using). `close` waits for every job.
+Separate from the tiers because it is the asyncio side of `copy_queue.c`, which two tiers use: a
+job (the pmem tier's prepared put or its get's copy-and-verify; a plain copy into or out of the
+gpu tier's host slots on the CPU) is submitted with one short C call; the workers run it wholly
+in C, never taking the GIL; the loop watches the queue's eventfd (`add_reader`) and, on each
+wake-up, reaps every job that has finished. Each job's `finish` runs on the loop when it ends,
+before its future is resolved and whether or not the caller still waits, exactly as with
+`_copythreads.CopyThreads` (which the Python copy paths keep using). `close` waits for every job.
 
 Depth: at most `depth` jobs are in flight (`_copythreads.JobSlots`); a request beyond it waits
 for the slot that the reap of an ended job gives back, so a get of 10,000 keys queues `depth`
 jobs, not 10,000. A get's destination buffer is taken only once its slot is (`take_out`).
 
 Memory: a job's C structure and every buffer it reads or writes (the put's inputs, the get's
-destination) stay referenced here from submit to reap, whatever happens to the caller.
+destination, a copy's source and destination) stay referenced here from submit to reap, whatever
+happens to the caller.
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ import numpy.typing as npt
 
 from tierkv.errors import DeviceError
 from tierkv.tiers._copythreads import Finish, JobSlots, complete
-from tierkv.tiers.pmem import _pmemobj as pmemobj
-from tierkv.tiers.pmem._native import OP_GET, OP_PUT, Job, NativeCopies, NativePut
+from tierkv.tiers._native import OP_COPY, OP_GET, OP_PUT, Job, QueueCalls
 
 #: finished jobs taken per reap call
 _REAP_BATCH = 64
+
+
+#: what a put's end means, from its job (status, oid, error): the caller's result, or it raises
+PutOutcome = Callable[[Job], Any]
 
 
 @dataclass(slots=True)
@@ -43,23 +48,24 @@ class _Pending:
     job: Job
     future: asyncio.Future[Any]
     finish: Finish | None
-    keep: object  # the NativePut, or the get's destination buffer
+    keep: object  # every buffer the job reads or writes
+    outcome: PutOutcome | None = None  # a put's
 
 
 class NativeQueue:
     """Worker threads of the native library with an asyncio face (see the module docstring)."""
 
-    def __init__(self, native: NativeCopies, loop: asyncio.AbstractEventLoop,
+    def __init__(self, calls: QueueCalls, loop: asyncio.AbstractEventLoop,
                  workers: int, depth: int) -> None:
-        self._native = native
+        self._calls = calls
         self._loop = loop
-        handle = native.queue_create(workers)
+        handle = calls.create(workers)
         if not handle:
             code = ctypes.get_errno()
             raise DeviceError(f"cannot start {workers} native copy threads: "
                               f"{os.strerror(code)}")
         self._handle: int | None = handle
-        self._eventfd = native.queue_eventfd(handle)
+        self._eventfd = calls.eventfd(handle)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._reaped = (ctypes.c_uint64 * _REAP_BATCH)()
@@ -76,11 +82,13 @@ class NativeQueue:
     def waiting(self) -> int:
         return self._slots.waiting
 
-    async def put(self, put: NativePut, finish: Finish | None) -> Any:
-        """Run `put` on a worker once a slot is free: `NativePut.outcome`'s tuple, or the
-        allocation's `DeviceError`. `finish` runs exactly once, as in `CopyThreads.run`."""
+    async def put(self, address: int, outcome: PutOutcome, finish: Finish | None,
+                  keep: object) -> Any:
+        """Run the pmem put whose C structure is at `address` (kept alive by `keep`) on a worker
+        once a slot is free: what `outcome` makes of its job, or what it raises. `finish` runs
+        exactly once, as in `CopyThreads.run`."""
         await self._slots.admit(finish)
-        return await self._submit(Job(op=OP_PUT, put=put.address), finish, put)
+        return await self._submit(Job(op=OP_PUT, put=address), finish, keep, outcome)
 
     async def get(self, take_out: Callable[[], npt.NDArray[np.uint8]], source: int,
                   checksum: int, finish: Finish | None) -> npt.NDArray[np.uint8] | None:
@@ -98,7 +106,16 @@ class NativeQueue:
         matched = await self._submit(job, finish, out)
         return out if matched else None
 
-    def _submit(self, job: Job, finish: Finish | None, keep: object) -> asyncio.Future[Any]:
+    async def copy(self, destination: int, source: int, nbytes: int, finish: Finish | None,
+                   keep: object) -> None:
+        """Copy `nbytes` from `source` to `destination` on a worker once a slot is free; `keep`
+        holds whatever keeps both alive. `finish` runs exactly once, as in `CopyThreads.run`."""
+        await self._slots.admit(finish)
+        await self._submit(Job(op=OP_COPY, dest=destination, src=source, len=nbytes), finish,
+                           keep)
+
+    def _submit(self, job: Job, finish: Finish | None, keep: object,
+                outcome: PutOutcome | None = None) -> asyncio.Future[Any]:
         """Queue `job` under the slot just taken; the reap of its end gives the slot back."""
         if self._handle is None:
             error = DeviceError("the native copy queue is closed")
@@ -106,9 +123,9 @@ class NativeQueue:
             raise error
         future: asyncio.Future[Any] = self._loop.create_future()
         job.id = next(self._ids)
-        self._pending[job.id] = _Pending(job, future, finish, keep)
+        self._pending[job.id] = _Pending(job, future, finish, keep, outcome)
         self.max_in_flight = max(self.max_in_flight, len(self._pending))
-        self._native.queue_submit(self._handle, ctypes.addressof(job))
+        self._calls.submit(self._handle, ctypes.addressof(job))
         return future
 
     def _reap(self) -> None:
@@ -116,7 +133,7 @@ class NativeQueue:
         with contextlib.suppress(BlockingIOError):
             os.read(self._eventfd, 8)
         assert self._handle is not None
-        while count := self._native.queue_reap(self._handle, self._reaped, _REAP_BATCH):
+        while count := self._calls.reap(self._handle, self._reaped, _REAP_BATCH):
             for job_id in self._reaped[:count]:
                 self._slots.give_back()
                 self._complete(self._pending.pop(job_id))
@@ -126,17 +143,16 @@ class NativeQueue:
         job = pending.job
         result: Any = None
         error: BaseException | None = None
-        if job.op == OP_GET:
-            result = bool(job.status)
-        elif job.status == 0:
-            put = pending.keep
-            assert isinstance(put, NativePut)
-            result = put.outcome(job.oid)
+        if pending.outcome is not None:
+            try:
+                result = pending.outcome(job)
+            except DeviceError as exc:
+                error = exc
+        elif job.status < 0:  # an operation the library does not know: a stale build
+            error = DeviceError(f"the native copy library refused job {job.op}: "
+                                f"{os.strerror(job.error)}")
         else:
-            put = pending.keep
-            assert isinstance(put, NativePut)
-            error = pmemobj.failure(put.what, job.error,
-                                    job.message.decode(errors="replace"))
+            result = bool(job.status)
         complete(pending.future, pending.finish, result, error)
 
     async def close(self) -> None:
@@ -144,5 +160,5 @@ class NativeQueue:
         await self._slots.idle.wait()
         if self._handle is not None:
             self._loop.remove_reader(self._eventfd)
-            self._native.queue_destroy(self._handle)
+            self._calls.destroy(self._handle)
             self._handle = None

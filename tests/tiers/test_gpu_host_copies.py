@@ -1,0 +1,130 @@
+"""The gpu tier's large copies on the CPU, run on the native library's workers (puts, and gets of
+tensors): the bytes, the slots a cancelled put or get leaves, and a key deleted while its get's
+copy still runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+from tierkv.config import GpuTierConfig
+from tierkv.errors import TierFullError
+from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.tiers.gpu._host_copies import NATIVE_COPY_MIN
+from tierkv.tiers.gpu.tier import GpuTier
+
+pytestmark = pytest.mark.native
+
+SLOT = 1 << 20
+LARGE = SLOT  # at or above NATIVE_COPY_MIN: copied on a worker
+assert LARGE >= NATIVE_COPY_MIN
+
+
+def meta(n: int, kind: ValueKind = ValueKind.BYTES) -> ObjectMeta:
+    return ObjectMeta(kind, "uint8" if kind is ValueKind.TENSOR else "",
+                      (n,) if kind is ValueKind.TENSOR else (), n, 1)
+
+
+async def opened(slots: int) -> GpuTier:
+    gpu = GpuTier(GpuTierConfig("l1", slots * SLOT, "cpu", SLOT, 5.0))
+    await gpu.open()
+    assert gpu.stats()["copy_path"].startswith("native workers")
+    return gpu
+
+
+@pytest.fixture
+async def tier() -> AsyncIterator[GpuTier]:
+    gpu = await opened(8)
+    yield gpu
+    await gpu.close()
+
+
+async def test_large_objects_round_trip_through_the_workers(tier: GpuTier) -> None:
+    values = {b"k%d" % i: os.urandom(LARGE - i) for i in range(8)}
+    await asyncio.gather(*(tier.put(k, meta(len(v)), memoryview(v)) for k, v in values.items()))
+    got = await asyncio.gather(*(tier.get(k) for k in values))
+    for (key, value), result in zip(values.items(), got, strict=True):
+        assert result is not None, key
+        assert type(result[1]) is bytes and result[1] == value
+
+
+async def test_a_large_tensor_comes_back_as_a_tensor(tier: GpuTier) -> None:
+    value = torch.randint(0, 256, (LARGE,), dtype=torch.uint8)
+    await tier.put(b"t", meta(LARGE, ValueKind.TENSOR), value)
+    got = await tier.get(b"t")
+    assert got is not None and isinstance(got[1], torch.Tensor)
+    assert torch.equal(got[1], value)
+
+
+async def test_a_cancelled_put_gives_its_slots_back_and_stores_nothing() -> None:
+    gpu = await opened(1)
+    try:
+        put = asyncio.ensure_future(gpu.put(b"p", meta(LARGE), memoryview(os.urandom(LARGE))))
+        await asyncio.sleep(0)  # the copy is submitted
+        put.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await put
+        assert await gpu.get(b"p") is None
+        for _ in range(100):  # the slot comes back when the worker's copy has ended
+            if gpu.used == 0:
+                break
+            await asyncio.sleep(0.001)
+        assert gpu.used == 0
+        value = os.urandom(LARGE)
+        await gpu.put(b"q", meta(LARGE), memoryview(value))
+        got = await gpu.get(b"q")
+        assert got is not None and got[1] == value
+    finally:
+        await gpu.close()
+
+
+async def test_a_key_deleted_during_its_get_keeps_its_slots_until_the_copy_ends() -> None:
+    gpu = await opened(1)
+    try:
+        value = torch.randint(0, 256, (LARGE,), dtype=torch.uint8)
+        await gpu.put(b"a", meta(LARGE, ValueKind.TENSOR), value)
+        get = asyncio.ensure_future(gpu.get(b"a"))
+        await asyncio.sleep(0)  # the copy out is submitted; its end is reaped on the loop later
+        assert await gpu.delete(b"a")
+        with pytest.raises(TierFullError):  # the only slot is still being read
+            await gpu.put(b"b", meta(LARGE), memoryview(bytes(LARGE)))
+        got = await get
+        assert got is not None and isinstance(got[1], torch.Tensor)
+        assert torch.equal(got[1], value)
+        assert gpu.used == 0
+        await gpu.put(b"b", meta(LARGE), memoryview(bytes(LARGE)))
+    finally:
+        await gpu.close()
+
+
+async def test_a_cancelled_get_leaves_nothing_reserved() -> None:
+    gpu = await opened(1)
+    try:
+        await gpu.put(b"a", meta(LARGE, ValueKind.TENSOR),
+                      torch.zeros(LARGE, dtype=torch.uint8))
+        get = asyncio.ensure_future(gpu.get(b"a"))
+        await asyncio.sleep(0)
+        get.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await get
+        await gpu.delete(b"a")
+        for _ in range(100):
+            if gpu.used == 0:
+                break
+            await asyncio.sleep(0.001)
+        assert gpu.used == 0
+    finally:
+        await gpu.close()
+
+
+async def test_close_waits_for_a_cancelled_callers_copy() -> None:
+    gpu = await opened(2)
+    put = asyncio.ensure_future(gpu.put(b"p", meta(LARGE), memoryview(os.urandom(LARGE))))
+    await asyncio.sleep(0)
+    put.cancel()
+    await gpu.close()  # returns once the worker has let go of the pool's memory
+    assert put.cancelled()
