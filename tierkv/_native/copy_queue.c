@@ -2,7 +2,9 @@
  * and the plain copies of the gpu tier's host slots on the CPU.
  *
  * The event loop submits jobs (`tkv_queue_submit`, nanoseconds: a linked-list append under a
- * mutex) and watches an eventfd; a worker runs each job wholly in C and appends it to the done
+ * mutex), then wakes the workers they need once per loop turn (`tkv_queue_kick`): waking a sleeping
+ * worker is a futex call that cost the loop ~10 us on the bench VM (an IPI to an idle vCPU), and a
+ * turn often submits several jobs. It watches an eventfd; a worker runs each job wholly in C and appends it to the done
  * list, writing the eventfd only when that list was empty, so one wake-up of the loop reaps every
  * job that finished meanwhile (`tkv_queue_reap`). Python never runs on a worker, so a worker never
  * waits for the GIL held by a busy loop, and the loop never waits for a worker to hand it back.
@@ -29,7 +31,9 @@ struct tkv_queue {
     struct tkv_job *head, *tail;           /* submitted, not yet taken */
     struct tkv_job *done_head, *done_tail; /* finished, not yet reaped */
     int stopping;
-    int sleepers; /* workers waiting on `wake`: a submit signals only when one is */
+    int sleepers; /* workers waiting on `wake` */
+    int waking;   /* of those, signalled and not yet awake: a kick does not signal them again */
+    int queued;   /* jobs submitted and not yet taken */
     int eventfd;
     int workers;
     pthread_t threads[TKV_MAX_WORKERS];
@@ -71,12 +75,15 @@ static void *serve(void *arg)
             q->sleepers++;
             pthread_cond_wait(&q->wake, &q->lock);
             q->sleepers--;
+            if (q->waking > 0) /* a spurious wake-up may take another's count: a kick then */
+                q->waking--;   /* signals one worker more than it needs, never one fewer */
         }
         job = q->head;
         if (!job) {
             pthread_mutex_unlock(&q->lock);
             return NULL;
         }
+        q->queued--;
         q->head = job->next;
         if (!q->head)
             q->tail = NULL;
@@ -135,6 +142,7 @@ int tkv_queue_eventfd(struct tkv_queue *q)
     return q->eventfd;
 }
 
+/* Append `job`; it runs once a worker is awake to take it: call `tkv_queue_kick` after. */
 void tkv_queue_submit(struct tkv_queue *q, struct tkv_job *job)
 {
     job->next = NULL;
@@ -144,9 +152,29 @@ void tkv_queue_submit(struct tkv_queue *q, struct tkv_job *job)
     else
         q->head = job;
     q->tail = job;
-    /* a busy worker takes the job when it is done with its own: no futex call on the loop */
-    if (q->sleepers)
-        pthread_cond_signal(&q->wake);
+    q->queued++;
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Wake as many sleeping workers as there are jobs no worker is yet woken for (a busy worker
+ * takes the next job when it is done with its own, and one already signalled needs no second
+ * signal): one futex call for all the jobs submitted since the last kick. */
+void tkv_queue_kick(struct tkv_queue *q)
+{
+    int idle, want;
+    pthread_mutex_lock(&q->lock);
+    idle = q->sleepers - q->waking;
+    want = q->queued - q->waking;
+    if (want > idle)
+        want = idle;
+    if (want > 0) {
+        q->waking += want;
+        if (want == idle)
+            pthread_cond_broadcast(&q->wake);
+        else
+            while (want-- > 0)
+                pthread_cond_signal(&q->wake);
+    }
     pthread_mutex_unlock(&q->lock);
 }
 

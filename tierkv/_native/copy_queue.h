@@ -11,7 +11,7 @@
 /* Bumped with any change of the structures or functions below; the loader refuses a library of
  * another version (a stale build), as it refuses one whose structure sizes differ. */
 #ifndef TKV_ABI_VERSION /* a test builds a stale-looking library by defining it */
-#define TKV_ABI_VERSION 3
+#define TKV_ABI_VERSION 4
 #endif
 
 typedef struct { uint64_t pool_uuid_lo; uint64_t off; } tkv_oid;
@@ -84,6 +84,7 @@ int tkv_copy_verified(uint8_t *dest, const uint8_t *src, size_t len, uint64_t ex
 struct tkv_queue *tkv_queue_create(int workers);
 int tkv_queue_eventfd(struct tkv_queue *q);
 void tkv_queue_submit(struct tkv_queue *q, struct tkv_job *job);
+void tkv_queue_kick(struct tkv_queue *q);
 int tkv_queue_reap(struct tkv_queue *q, uint64_t *ids, int max);
 void tkv_queue_destroy(struct tkv_queue *q);
 

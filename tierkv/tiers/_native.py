@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 LIBRARY_STEM = "pmem_copy"
 #: `TKV_ABI_VERSION` of tierkv/_native/copy_queue.h that these bindings mirror
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 OP_PUT = 1
 OP_GET = 2
@@ -68,6 +68,9 @@ class QueueCalls:
         self.submit = held.tkv_queue_submit
         self.submit.restype = None
         self.submit.argtypes = (ctypes.c_void_p, ctypes.c_void_p)
+        self.kick = held.tkv_queue_kick
+        self.kick.restype = None
+        self.kick.argtypes = (ctypes.c_void_p,)
         self.reap = held.tkv_queue_reap
         self.reap.restype = ctypes.c_int
         self.reap.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int)

@@ -2,7 +2,8 @@
 
 Separate from the tiers because it is the asyncio side of `copy_queue.c`, which two tiers use: a
 job (the pmem tier's prepared put or its get's copy-and-verify; a plain copy into or out of the
-gpu tier's host slots on the CPU) is submitted with one short C call; the workers run it wholly
+gpu tier's host slots on the CPU) is submitted with one short C call, and the sleeping workers
+the turn's jobs need are woken once, at the end of the loop turn; the workers run it wholly
 in C, never taking the GIL; the loop watches the queue's eventfd (`add_reader`) and, on each
 wake-up, reaps every job that has finished. Each job's `finish` runs on the loop when it ends,
 before its future is resolved and whether or not the caller still waits, exactly as with
@@ -72,6 +73,8 @@ class NativeQueue:
         self._slots = JobSlots(loop, depth)
         #: the most jobs ever submitted and not yet reaped at once (bounded by `depth`)
         self.max_in_flight = 0
+        #: a kick of the workers is due at the end of this loop turn (`_submit`)
+        self._kick_due = False
         loop.add_reader(self._eventfd, self._reap)
 
     @property
@@ -126,7 +129,17 @@ class NativeQueue:
         self._pending[job.id] = _Pending(job, future, finish, keep, outcome)
         self.max_in_flight = max(self.max_in_flight, len(self._pending))
         self._calls.submit(self._handle, ctypes.addressof(job))
+        if not self._kick_due:
+            # one wake-up of the workers for every job this turn submits: each submit's own
+            # (a futex call) cost the loop ~10 us where a worker slept (docs/benchmarks.md)
+            self._kick_due = True
+            self._loop.call_soon(self._kick)
         return future
+
+    def _kick(self) -> None:
+        self._kick_due = False
+        if self._handle is not None:
+            self._calls.kick(self._handle)
 
     def _reap(self) -> None:
         # BlockingIOError: an earlier wake-up already reaped what signalled this one
