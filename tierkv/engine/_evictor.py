@@ -47,17 +47,18 @@ class Evictor:
                     if not (space.waiting and space.leaving == 0) or space.wake_fitting():
                         break  # enough is free or leaving; or room for a waiting writer now
                     need = 1  # a waiting write wants a contiguous run the byte count hides
-                plans = st.scheduler.departures(self._tier, batch, self.protected,
-                                                st.index.get)
-                if not plans:
-                    if space.leaving == 0 and not self._room_coming():
-                        space.starve()
-                    break
-                for plan in plans:
+                planned = False
+                for plan in st.scheduler.departure_plans(self._tier, batch, self.protected,
+                                                         st.index.get):
+                    planned = True
                     self._start(plan)
                     need -= st.tiers[self._tier].footprint(plan.nbytes)
                     if need <= 0:
                         break
+                if not planned:
+                    if space.leaving == 0 and not self._room_coming():
+                        space.starve()
+                    break
 
     def _room_coming(self) -> bool:
         """Whether space may be freed without a plan: a janitor will delete orphans, or an
