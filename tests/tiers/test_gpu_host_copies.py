@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from tierkv.config import GpuTierConfig
+from tierkv.config import GpuTierConfig, HostCopies
 from tierkv.errors import TierFullError
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.gpu._host_copies import NATIVE_COPY_MIN
@@ -29,8 +29,8 @@ def meta(n: int, kind: ValueKind = ValueKind.BYTES) -> ObjectMeta:
                       (n,) if kind is ValueKind.TENSOR else (), n, 1)
 
 
-async def opened(slots: int) -> GpuTier:
-    gpu = GpuTier(GpuTierConfig("l1", slots * SLOT, "cpu", SLOT, 5.0))
+async def opened(slots: int, mode: HostCopies = HostCopies.WORKERS) -> GpuTier:
+    gpu = GpuTier(GpuTierConfig("l1", slots * SLOT, "cpu", SLOT, 5.0, host_copies=mode))
     await gpu.open()
     assert gpu.stats()["copy_path"].startswith("native workers")
     return gpu
@@ -128,3 +128,43 @@ async def test_close_waits_for_a_cancelled_callers_copy() -> None:
     put.cancel()
     await gpu.close()  # returns once the worker has let go of the pool's memory
     assert put.cancelled()
+
+
+async def test_auto_keeps_a_lone_callers_copies_inline_and_a_busy_loops_on_the_workers() -> None:
+    gpu = await opened(8, HostCopies.AUTO)
+    try:
+        value = os.urandom(LARGE)
+        for i in range(8):  # one caller, one object after another: the loop waits idle
+            await gpu.put(b"k%d" % (i % 2), meta(LARGE), memoryview(value))
+        assert "now off" in gpu.stats()["copy_path"]
+
+        async def busy_loop() -> None:
+            for _ in range(2000):
+                sum(range(200))  # other requests' work on the loop
+                await asyncio.sleep(0)
+
+        other = asyncio.ensure_future(busy_loop())
+        deadline = asyncio.get_running_loop().time() + 5
+        while "now off" in gpu.stats()["copy_path"] and not other.done():
+            await gpu.put(b"busy", meta(LARGE), memoryview(value))  # probes find the loop busy
+            assert asyncio.get_running_loop().time() < deadline
+        assert "now on" in gpu.stats()["copy_path"]
+        other.cancel()
+        got = await gpu.get(b"busy")
+        assert got is not None and got[1] == value
+    finally:
+        await gpu.close()
+
+
+async def test_inline_never_starts_workers() -> None:
+    gpu = GpuTier(GpuTierConfig("l1", 2 * SLOT, "cpu", SLOT, 5.0,
+                                host_copies=HostCopies.INLINE))
+    await gpu.open()
+    try:
+        assert gpu.stats()["copy_path"] == "inline"
+        value = os.urandom(LARGE)
+        await gpu.put(b"a", meta(LARGE), memoryview(value))
+        got = await gpu.get(b"a")
+        assert got is not None and got[1] == value
+    finally:
+        await gpu.close()

@@ -35,6 +35,7 @@ from tierkv.config.schema import (
     EvictionPolicy,
     GpuTierConfig,
     HealthConfig,
+    HostCopies,
     NvmeBackend,
     NvmeTierConfig,
     PmemTierConfig,
@@ -267,7 +268,9 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
         check_memory(t, device, capacity)
         low, high = _watermarks(t)
         tier = GpuTierConfig(name, capacity, device, slot_size, t.duration("ttl", 5.0),
-                             free_low=low, free_high=high, **_profile(t))
+                             free_low=low, free_high=high,
+                             host_copies=t.choice("host_copies", HostCopies, HostCopies.AUTO),
+                             **_profile(t))
     elif kind is TierKind.REDIS:
         tier = parse_redis_tier(t, name, capacity)
     elif kind is TierKind.PMEM:

@@ -40,6 +40,14 @@ class WritePolicy(enum.Enum):
     WRITE_THROUGH = "write_through"
 
 
+class HostCopies(enum.Enum):
+    """Where the gpu tier on the CPU copies large objects (`tiers/gpu/_host_copies.py`)."""
+
+    AUTO = "auto"  # on the native workers while the loop has other work meanwhile
+    WORKERS = "workers"  # always on the native workers (where the library is built)
+    INLINE = "inline"  # always on the event loop
+
+
 class NvmeBackend(enum.Enum):
     AUTO = "auto"
     IO_URING = "io_uring"
@@ -89,6 +97,8 @@ class GpuTierConfig:
     #: None: measured by a short probe when the engine opens
     latency: float | None = None
     bandwidth: int | None = None
+    #: on the ``cpu`` device: where copies of 512 KiB and more run
+    host_copies: HostCopies = HostCopies.AUTO
     kind: TierKind = field(default=TierKind.GPU, init=False)
 
 

@@ -8,6 +8,17 @@ with other requests meanwhile; below it the hand-off (a submit, a wake-up, a rea
 loop time on the bench VM) costs more than the copy. Without the library every copy stays
 inline (`path` says which).
 
+A hand-off only pays when the loop has other work to do while the worker copies (other
+requests' bookkeeping, in an engine serving many tasks). A lone caller that puts and gets one
+object after another waits for the worker's wake-up and for its own (two futex wake-ups and an
+eventfd, tens of µs on the bench VM) with the loop idle: its 2 MiB put+get fell from 0.70 to 0.35
+of memcpy. So the queue keeps a gauge of how busy the loop stayed while its copies ran (the
+loop's CPU time over the copy's wall time, `LoopOverlap`): below half, large copies run inline
+too, and one every `PROBE_INTERVAL` still goes to the workers to see whether that changed (a
+probe costs a lone caller several inline copies' time: one per interval bounds that to about a
+percent, and a server whose load grows finds the workers again within the interval). That is
+the tier's ``host_copies = "auto"``; ``"workers"`` and ``"inline"`` fix the choice.
+
 A copy's `finish` runs on the loop when the copy ends, whether or not its caller still waits:
 that is where the tier gives back the slots of a put whose caller was cancelled, or the view
 that kept a get's source slots reserved.
@@ -16,11 +27,13 @@ that kept a get's source slots reserved.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 
+from tierkv.config import HostCopies as Mode
 from tierkv.tiers._native import load_queue
 from tierkv.tiers._native_queue import NativeQueue
 
@@ -31,6 +44,36 @@ NATIVE_COPY_MIN = 512 << 10
 WORKERS = 2
 #: copies in flight at once; more wait for a slot (a get_many of many large objects)
 DEPTH = 16
+#: the loop's busy share during offloaded copies above which large copies keep going to the
+#: workers
+BUSY_ENOUGH = 0.5
+#: seconds between probes while large copies run inline: one goes to the workers all the same
+PROBE_INTERVAL = 0.05
+
+
+class LoopOverlap:
+    """How busy the loop stayed while offloaded copies ran: a moving average of its CPU time
+    over each copy's wall time (1: it worked all along, 0: it slept waiting for the copy)."""
+
+    __slots__ = ("_next_probe", "busy")
+
+    def __init__(self) -> None:
+        self.busy = 1.0  # offload until measured otherwise: a server starts with its load
+        self._next_probe = 0.0
+
+    def offload(self) -> bool:
+        """Whether the next large copy goes to the workers: yes while the loop stays busy,
+        else one every `PROBE_INTERVAL`."""
+        if self.busy >= BUSY_ENOUGH:
+            return True
+        now = time.monotonic()
+        if now < self._next_probe:
+            return False
+        self._next_probe = now + PROBE_INTERVAL
+        return True
+
+    def measured(self, loop_cpu: float, wall: float) -> None:
+        self.busy = (self.busy + min(loop_cpu / wall, 1.0)) / 2 if wall > 0 else self.busy
 
 
 def address_of(array: npt.NDArray[np.uint8]) -> int:
@@ -40,12 +83,14 @@ def address_of(array: npt.NDArray[np.uint8]) -> int:
 class HostCopies:
     """The workers of one tier's pool, from open to close (see the module docstring)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, mode: Mode) -> None:
         self._name = name
+        self._mode = mode
         self._queue: NativeQueue | None = None
+        self.overlap = LoopOverlap()
 
     def start(self) -> None:
-        calls = load_queue()
+        calls = None if self._mode is Mode.INLINE else load_queue()
         if calls is not None:
             self._queue = NativeQueue(calls, asyncio.get_running_loop(), WORKERS, DEPTH)
 
@@ -56,8 +101,9 @@ class HostCopies:
             self._queue = None
 
     def offloads(self, nbytes: int) -> bool:
-        """Whether a copy of `nbytes` runs on the workers."""
-        return self._queue is not None and nbytes >= NATIVE_COPY_MIN
+        """Whether a copy of `nbytes` runs on the workers (then the caller must `copy` it)."""
+        return (self._queue is not None and nbytes >= NATIVE_COPY_MIN
+                and (self._mode is Mode.WORKERS or self.overlap.offload()))
 
     async def copy(self, destination: int, source: int, nbytes: int, keep: object,
                    ended: Callable[[bool], None]) -> None:
@@ -66,8 +112,12 @@ class HostCopies:
         has ended (False: it failed or never ran, or its caller was cancelled: the copy is
         not the caller's any more), before this returns or raises."""
         assert self._queue is not None, "offloads() said the copy stays inline"
+        started, started_cpu = time.perf_counter(), time.thread_time()
 
         def finish(result: object, error: BaseException | None, abandoned: bool) -> None:
+            # on the loop's thread: its CPU time since the submit is what it did meanwhile
+            self.overlap.measured(time.thread_time() - started_cpu,
+                                  time.perf_counter() - started)
             ended(error is None and not abandoned)
 
         await self._queue.copy(destination, source, nbytes, finish, keep)
@@ -76,4 +126,8 @@ class HostCopies:
     def path(self) -> str:
         if self._queue is None:
             return "inline"
-        return f"native workers from {NATIVE_COPY_MIN >> 10} KiB"
+        where = f"native workers from {NATIVE_COPY_MIN >> 10} KiB"
+        if self._mode is Mode.WORKERS:
+            return where
+        now = "on" if self.overlap.busy >= BUSY_ENOUGH else "off: the loop waits idle for them"
+        return f"{where} while the loop is busy meanwhile (now {now})"

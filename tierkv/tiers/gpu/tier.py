@@ -86,7 +86,7 @@ class GpuTier(Tier):
         self._storage = torch.empty(0, dtype=torch.uint8)
         self._host: memoryview | None = None
         self._host_address = 0
-        self._host_copies = HostCopies(config.name)
+        self._host_copies = HostCopies(config.name, config.host_copies)
         self._stream: Any = None
         self._waiter: ThreadPoolExecutor | None = None
         self._results = BufferRecycler(RETAINED_RESULTS)
