@@ -12,8 +12,10 @@ A hand-off only pays when the loop has other work to do while the worker copies 
 requests' bookkeeping, in an engine serving many tasks). A lone caller that puts and gets one
 object after another waits for the worker's wake-up and for its own (two futex wake-ups and an
 eventfd, tens of µs on the bench VM) with the loop idle: its 2 MiB put+get fell from 0.70 to 0.35
-of memcpy. So the queue keeps a gauge of how busy the loop stayed while its copies ran (the
-loop's CPU time over the copy's wall time, `LoopOverlap`): below half, large copies run inline
+of memcpy. So the queue keeps a gauge of whether its copies overlapped other work (`LoopOverlap`):
+a copy did when another copy ran beside it (many callers: the workers copy in parallel, even
+where they, not the loop, are the limit), else by how busy the loop stayed meanwhile (its CPU
+time over the copy's wall time). Below half, large copies run inline
 too, and one every `PROBE_INTERVAL` still goes to the workers to see whether that changed (a
 probe costs a lone caller several inline copies' time: one per interval bounds that to about a
 percent, and a server whose load grows finds the workers again within the interval). That is
@@ -52,8 +54,9 @@ PROBE_INTERVAL = 0.05
 
 
 class LoopOverlap:
-    """How busy the loop stayed while offloaded copies ran: a moving average of its CPU time
-    over each copy's wall time (1: it worked all along, 0: it slept waiting for the copy)."""
+    """Whether offloaded copies overlapped other work: a moving average of, per copy, 1 where
+    another copy ran beside it, else the loop's CPU time over the copy's wall time (1: it
+    worked all along, 0: it slept waiting for the copy)."""
 
     __slots__ = ("_next_probe", "busy")
 
@@ -88,6 +91,8 @@ class HostCopies:
         self._mode = mode
         self._queue: NativeQueue | None = None
         self.overlap = LoopOverlap()
+        self._submitted = 0  # copies submitted so far
+        self._running = 0  # of those, not yet ended
 
     def start(self) -> None:
         calls = None if self._mode is Mode.INLINE else load_queue()
@@ -113,11 +118,17 @@ class HostCopies:
         not the caller's any more), before this returns or raises."""
         assert self._queue is not None, "offloads() said the copy stays inline"
         started, started_cpu = time.perf_counter(), time.thread_time()
+        mark, beside = self._submitted, self._running > 0
+        self._submitted += 1
+        self._running += 1
 
         def finish(result: object, error: BaseException | None, abandoned: bool) -> None:
-            # on the loop's thread: its CPU time since the submit is what it did meanwhile
-            self.overlap.measured(time.thread_time() - started_cpu,
-                                  time.perf_counter() - started)
+            self._running -= 1
+            if beside or self._submitted - mark > 1:
+                self.overlap.measured(1.0, 1.0)
+            else:  # on the loop's thread: its CPU time since the submit is what it did meanwhile
+                self.overlap.measured(time.thread_time() - started_cpu,
+                                      time.perf_counter() - started)
             ended(error is None and not abandoned)
 
         await self._queue.copy(destination, source, nbytes, finish, keep)
