@@ -36,6 +36,23 @@ async def opened(slots: int, mode: HostCopies = HostCopies.WORKERS) -> GpuTier:
     return gpu
 
 
+async def round_trip(gpu: GpuTier, key: bytes) -> None:
+    """A large bytes value put into `gpu` comes back equal."""
+    value = os.urandom(LARGE)
+    await gpu.put(key, meta(LARGE), memoryview(value))
+    got = await gpu.get(key)
+    assert got is not None and got[1] == value
+
+
+async def until_empty(gpu: GpuTier) -> None:
+    """Wait (briefly) for the workers' copies to end and give their slots back."""
+    for _ in range(100):
+        if gpu.used == 0:
+            break
+        await asyncio.sleep(0.001)
+    assert gpu.used == 0
+
+
 @pytest.fixture
 async def tier() -> AsyncIterator[GpuTier]:
     gpu = await opened(8)
@@ -69,15 +86,8 @@ async def test_a_cancelled_put_gives_its_slots_back_and_stores_nothing() -> None
         with pytest.raises(asyncio.CancelledError):
             await put
         assert await gpu.get(b"p") is None
-        for _ in range(100):  # the slot comes back when the worker's copy has ended
-            if gpu.used == 0:
-                break
-            await asyncio.sleep(0.001)
-        assert gpu.used == 0
-        value = os.urandom(LARGE)
-        await gpu.put(b"q", meta(LARGE), memoryview(value))
-        got = await gpu.get(b"q")
-        assert got is not None and got[1] == value
+        await until_empty(gpu)  # the slot comes back when the worker's copy has ended
+        await round_trip(gpu, b"q")
     finally:
         await gpu.close()
 
@@ -112,11 +122,7 @@ async def test_a_cancelled_get_leaves_nothing_reserved() -> None:
         with pytest.raises(asyncio.CancelledError):
             await get
         await gpu.delete(b"a")
-        for _ in range(100):
-            if gpu.used == 0:
-                break
-            await asyncio.sleep(0.001)
-        assert gpu.used == 0
+        await until_empty(gpu)
     finally:
         await gpu.close()
 
@@ -162,9 +168,6 @@ async def test_inline_never_starts_workers() -> None:
     await gpu.open()
     try:
         assert gpu.stats()["copy_path"] == "inline"
-        value = os.urandom(LARGE)
-        await gpu.put(b"a", meta(LARGE), memoryview(value))
-        got = await gpu.get(b"a")
-        assert got is not None and got[1] == value
+        await round_trip(gpu, b"a")
     finally:
         await gpu.close()
