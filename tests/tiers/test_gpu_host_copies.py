@@ -171,3 +171,11 @@ async def test_inline_never_starts_workers() -> None:
         await round_trip(gpu, b"a")
     finally:
         await gpu.close()
+
+
+async def test_a_payload_shorter_than_its_meta_is_refused_and_frees_its_slots(
+        tier: GpuTier) -> None:
+    with pytest.raises(ValueError, match="payload of"):
+        await tier.put(b"short", meta(LARGE), memoryview(bytes(LARGE - 1)))
+    assert tier.used == 0
+    assert await tier.get(b"short") is None

@@ -159,7 +159,7 @@ class NativeQueue:
         if pending.outcome is not None:
             try:
                 result = pending.outcome(job)
-            except DeviceError as exc:
+            except Exception as exc:  # the put's DeviceError, or a defect: the caller's either way
                 error = exc
         elif job.status < 0:  # an operation the library does not know: a stale build
             error = DeviceError(f"the native copy library refused job {job.op}: "

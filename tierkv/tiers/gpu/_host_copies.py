@@ -12,7 +12,7 @@ A hand-off only pays when the loop has other work to do while the worker copies 
 requests' bookkeeping, in an engine serving many tasks). A lone caller that puts and gets one
 object after another waits for the worker's wake-up and for its own (two futex wake-ups and an
 eventfd, tens of µs on the bench VM) with the loop idle: its 2 MiB put+get fell from 0.70 to 0.35
-of memcpy. So the queue keeps a gauge of whether its copies overlapped other work (`LoopOverlap`):
+of memcpy. So the tier keeps a gauge of whether its copies overlapped other work (`LoopOverlap`):
 a copy did when another copy ran beside it (many callers: the workers copy in parallel, even
 where they, not the loop, are the limit), else by how busy the loop stayed meanwhile (its CPU
 time over the copy's wall time). Below half, large copies run inline
@@ -86,8 +86,7 @@ def address_of(array: npt.NDArray[np.uint8]) -> int:
 class HostCopies:
     """The workers of one tier's pool, from open to close (see the module docstring)."""
 
-    def __init__(self, name: str, mode: Mode) -> None:
-        self._name = name
+    def __init__(self, mode: Mode) -> None:
         self._mode = mode
         self._queue: NativeQueue | None = None
         self.overlap = LoopOverlap()

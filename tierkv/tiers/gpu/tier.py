@@ -86,7 +86,7 @@ class GpuTier(Tier):
         self._storage = torch.empty(0, dtype=torch.uint8)
         self._host: memoryview | None = None
         self._host_address = 0
-        self._host_copies = HostCopies(config.name, config.host_copies)
+        self._host_copies = HostCopies(config.host_copies)
         self._stream: Any = None
         self._waiter: ThreadPoolExecutor | None = None
         self._results = BufferRecycler(RETAINED_RESULTS)
@@ -289,13 +289,20 @@ class GpuTier(Tier):
     async def _copy_in_host(self, allocation: _Allocation, offset: int, payload: Payload) -> None:
         """Fill `allocation`'s new slots on a worker; a copy that fails or whose caller was
         cancelled gives them back when it ends (not before: the worker may still write)."""
-        view = payload_view(payload)
-        source = np.frombuffer(view, dtype=np.uint8)
-
         def ended(completed: bool) -> None:
             if not completed:
                 self._allocator.release(allocation.start, allocation.count)
                 self._space_freed()
+
+        try:
+            view = payload_view(payload)
+            source = np.frombuffer(view, dtype=np.uint8)
+            if source.nbytes != allocation.meta.nbytes:  # the worker would read past it
+                raise ValueError(f"a payload of {source.nbytes} bytes for an object of "
+                                 f"{allocation.meta.nbytes}")
+        except BaseException:
+            ended(False)  # nothing was submitted: the slots are free at once
+            raise
 
         await self._host_copies.copy(self._host_address + offset, address_of(source),
                                      allocation.meta.nbytes, (view, source), ended)
