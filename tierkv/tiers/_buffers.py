@@ -36,6 +36,13 @@ _bytes_of_size.restype = ctypes.py_object
 _bytes_of_size.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
+def address_of(view: memoryview | npt.NDArray[np.uint8]) -> int:
+    """The address of a contiguous host buffer, read-only ones included (for a copy in C)."""
+    if isinstance(view, np.ndarray):
+        return int(view.ctypes.data)
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
 def fresh_bytes(nbytes: int) -> tuple[bytes, npt.NDArray[np.uint8]]:
     """A new `bytes` of `nbytes` whose contents are not yet written, and a uint8 array over it
     for the copy that fills it (through its address: the array itself is read-only).

@@ -32,9 +32,6 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import numpy as np
-import numpy.typing as npt
-
 from tierkv.config import HostCopies as Mode
 from tierkv.tiers._native import load_queue
 from tierkv.tiers._native_queue import NativeQueue
@@ -77,10 +74,6 @@ class LoopOverlap:
 
     def measured(self, loop_cpu: float, wall: float) -> None:
         self.busy = (self.busy + min(loop_cpu / wall, 1.0)) / 2 if wall > 0 else self.busy
-
-
-def address_of(array: npt.NDArray[np.uint8]) -> int:
-    return int(array.ctypes.data)
 
 
 class HostCopies:

@@ -31,16 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from tierkv._platform import cuda_available, physical_memory
 from tierkv.config import GpuTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
-from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
+from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler, address_of
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier
-from tierkv.tiers.gpu._host_copies import HostCopies, address_of
+from tierkv.tiers.gpu._host_copies import HostCopies
 from tierkv.tiers.gpu._lending import lend, lend_host
 from tierkv.tiers.gpu._slots import SlotAllocator
 
@@ -296,16 +295,16 @@ class GpuTier(Tier):
 
         try:
             view = payload_view(payload)
-            source = np.frombuffer(view, dtype=np.uint8)
-            if source.nbytes != allocation.meta.nbytes:  # the worker would read past it
-                raise ValueError(f"a payload of {source.nbytes} bytes for an object of "
+            if view.nbytes != allocation.meta.nbytes:  # the worker would read past it
+                raise ValueError(f"a payload of {view.nbytes} bytes for an object of "
                                  f"{allocation.meta.nbytes}")
+            source = address_of(view)
         except BaseException:
             ended(False)  # nothing was submitted: the slots are free at once
             raise
 
-        await self._host_copies.copy(self._host_address + offset, address_of(source),
-                                     allocation.meta.nbytes, (view, source), ended)
+        await self._host_copies.copy(self._host_address + offset, source,
+                                     allocation.meta.nbytes, view, ended)
 
     async def _copy_out_host(self, allocation: _Allocation, offset: int) -> torch.Tensor:
         """`allocation`'s tensor copied out on a worker into a recycled buffer; its slots stay

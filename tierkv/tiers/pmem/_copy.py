@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from tierkv.tiers._buffers import address_of
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 from tierkv.tiers.pmem._native import NativeCopies
 
@@ -22,11 +23,6 @@ from tierkv.tiers.pmem._native import NativeCopies
 #: when hashed. 256 KiB chunks were ~8 % slower for 4 MiB objects (more Python per chunk) and
 #: whole-object calls no faster than 1 MiB ones (docs/benchmarks-pmem.md)
 CHUNK = 1 << 20
-
-
-def address_of(view: memoryview) -> int:
-    """The address of a contiguous host buffer, read-only ones included."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def pool_view(address: int, size: int) -> memoryview:

@@ -22,8 +22,9 @@ from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, encode_header, encode_header_parts
 from tierkv.formats.value import ObjectMeta
+from tierkv.tiers._buffers import address_of
 from tierkv.tiers.pmem import _pmemobj as pmemobj
-from tierkv.tiers.pmem._copy import address_of, copy_in
+from tierkv.tiers.pmem._copy import copy_in
 from tierkv.tiers.pmem._native import NativeCopies, NativePut, Outcome
 from tierkv.tiers.pmem._pool import PoolObject
 
