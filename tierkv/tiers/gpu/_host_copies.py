@@ -84,7 +84,6 @@ class HostCopies:
         self._queue: NativeQueue | None = None
         self.overlap = LoopOverlap()
         self._submitted = 0  # copies submitted so far
-        self._running = 0  # of those, not yet ended
 
     def start(self) -> None:
         calls = None if self._mode is Mode.INLINE else load_queue()
@@ -108,14 +107,13 @@ class HostCopies:
         until the copy ends. `ended(completed)` runs on the loop exactly once, when the copy
         has ended (False: it failed or never ran, or its caller was cancelled: the copy is
         not the caller's any more), before this returns or raises."""
-        assert self._queue is not None, "offloads() said the copy stays inline"
+        queue = self._queue
+        assert queue is not None, "offloads() said the copy stays inline"
         started, started_cpu = time.perf_counter(), time.thread_time()
-        mark, beside = self._submitted, self._running > 0
+        mark, beside = self._submitted, queue.in_flight + queue.waiting > 0
         self._submitted += 1
-        self._running += 1
 
         def finish(result: object, error: BaseException | None, abandoned: bool) -> None:
-            self._running -= 1
             if beside or self._submitted - mark > 1:
                 self.overlap.measured(1.0, 1.0)
             else:  # on the loop's thread: its CPU time since the submit is what it did meanwhile
@@ -123,7 +121,7 @@ class HostCopies:
                                       time.perf_counter() - started)
             ended(error is None and not abandoned)
 
-        await self._queue.copy(destination, source, nbytes, finish, keep)
+        await queue.copy(destination, source, nbytes, finish, keep)
 
     @property
     def path(self) -> str:
