@@ -74,6 +74,28 @@ async def test_an_overwrite_removes_what_derived_from_the_old_value(tmp_path: Pa
         assert await kv.get(b"summary") is None
 
 
+async def test_an_overwrite_syncs_the_persistent_tiers_only_when_it_removed_something(
+        tmp_path: Path) -> None:
+    """A sync makes an invalidation's deletes durable; an overwrite whose old value had no
+    descendants deleted nothing derived, so it asks for none (it was one flush per overwrite)."""
+    def syncs(kv: tierkv.Engine) -> int:
+        commits = kv.stats()["engine"]["group_commits"]
+        return int(sum(tier["requests"] for tier in commits.values()))
+
+    async with tierkv.open(config(tmp_path, ("pmem", "nvme"))) as kv:
+        await kv.put(b"doc", b"v0")
+        before = syncs(kv)
+        for version in range(1, 20):
+            await kv.put(b"doc", b"v%d" % version)
+        assert syncs(kv) == before
+        await kv.put(b"summary", b"of v19", parents=[b"doc"])
+        await kv.put(b"doc", b"v20")
+        assert syncs(kv) > before
+        assert await kv.get(b"summary") is None
+        assert await kv.invalidate(b"nothing-stored") == 0  # an explicit call is a barrier
+        assert syncs(kv) > before + 1
+
+
 async def test_a_cycle_is_refused_before_anything_changes(tmp_path: Path) -> None:
     async with tierkv.open(config(tmp_path)) as kv:
         await kv.put(b"a", b"A")

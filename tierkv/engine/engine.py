@@ -129,7 +129,7 @@ class Engine(ReadCalls):
         what derived from the old value and tell the fleet (whose copies of it, the shared
         tier's included, must not be read again), as a put that succeeded would have."""
         async def invalidate() -> None:
-            await self._invalidations.descendants(key)
+            await self._invalidations.descendants(key, barrier=False)
 
         self._st.spawn(invalidate())
 
@@ -220,7 +220,7 @@ class Engine(ReadCalls):
                 entry = st.index.get(raw)
                 placed = entry.locations[0] if entry is not None and entry.locations else None
                 if replaced:
-                    await self._invalidations.descendants(raw)
+                    await self._invalidations.descendants(raw, barrier=False)
                 self._shared.share(raw)
             st.counters.puts += 1
             if placed is not None:
@@ -282,7 +282,7 @@ class Engine(ReadCalls):
         given to `block_keys`), and everything derived from them; returns how many objects."""
         with self._span(INVALIDATE_MODEL) as span:
             async with self._call():
-                removed = await self._invalidations.descendants(version_key(model))
+                removed = await self._invalidations.descendants(version_key(model), barrier=True)
             if span is not None:
                 span.set_attribute("tierkv.removed", removed)
         self._st.counters.invalidations += removed
