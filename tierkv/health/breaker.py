@@ -209,10 +209,11 @@ class CircuitBreaker:
         `bounded`: the caller cuts the call off and reports it itself, so a probe of it is not
         expired by this breaker's clock (the module docstring)."""
         now = self._clock(now)
+        if self._state is BreakerState.CLOSED:  # time changes nothing in a closed breaker
+            return Permit(self, self._generation, now, now + self.slow_operation, False,
+                          bounded=bounded)
         self._advance(now)
         deadline = now + self.slow_operation
-        if self._state is BreakerState.CLOSED:
-            return Permit(self, self._generation, now, deadline, probe=False, bounded=bounded)
         if self._state is BreakerState.HALF_OPEN and len(self._probes) < self.max_probes:
             permit = Permit(self, self._generation, now, deadline, probe=True, bounded=bounded)
             self._probes.add(permit)
@@ -279,6 +280,11 @@ class CircuitBreaker:
         if permit._settled:
             return False
         permit._settled = True
+        if (not failed and not permit._probe and permit._generation == self._generation
+                and (slow is False
+                     or (slow is None and now - permit._issued <= self.slow_operation))
+                and self._count_success(now)):
+            return True
         self._probes.discard(permit)
         if permit._generation != self._generation:
             self._late += 1
@@ -294,6 +300,22 @@ class CircuitBreaker:
         else:
             self._judge_call(now, failed or slow)
         self._advance(now)
+        return True
+
+    def _count_success(self, now: float) -> bool:
+        """The common outcome in few steps (every guarded call of a healthy tier reports one):
+        a success, not slow, of a call admitted in this state, landing in
+        the window's newest bucket while the window holds no failure. In that bucket nothing is
+        left to prune (the report that made it pruned for its index), a window without failures
+        cannot trip (with failures, the success that reaches `min_calls` may), and a closed
+        breaker's `_advance` does nothing. False: take the general path."""
+        window = self._window
+        if (self._state is not BreakerState.CLOSED or self._window_failures or not window
+                or window[-1].index != math.floor(now / self._width)):
+            return False
+        window[-1].calls += 1
+        self._window_calls += 1
+        self._calls += 1
         return True
 
     def _count(self, failed: bool, slow: bool) -> None:
