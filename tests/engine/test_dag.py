@@ -114,6 +114,8 @@ def test_unknown_key_is_empty() -> None:
     assert dag.descendants(b"zz") == []
     assert dag.parents(b"zz") == frozenset()
     assert dag.children(b"zz") == frozenset()
+    assert dag.has_children(b"a") and not dag.has_children(b"b")
+    assert not dag.has_children(b"zz")
     dag.cut(b"zz")
     assert dag.edges == 1
 

@@ -54,6 +54,8 @@ class Invalidations:
     async def _cascade(self, key: bytes, local: bool, barrier: bool) -> tuple[int, set[bytes]]:
         st = self._st
         doomed = {key}
+        if not barrier and not st.dag.has_children(key):
+            return 0, doomed  # the common overwrite: nothing derives from the old value
         removed = 0
         synced = False
         while True:

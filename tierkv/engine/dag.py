@@ -142,6 +142,10 @@ class Dag:
         """The keys derived directly from `key` (empty for an unknown key)."""
         return frozenset(_neighbours(self._children, key))
 
+    def has_children(self, key: bytes) -> bool:
+        """Whether anything derives from `key` directly (an overwrite's cheap first question)."""
+        return key in self._children
+
     def descendants(self, key: bytes) -> list[bytes]:
         """Every key derived from `key`, transitively, each once, in breadth-first order.
 

@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierkv.errors import DeviceError
+from tierkv.tiers._buffers import address_of
 from tierkv.tiers._copythreads import Finish, JobSlots, complete
 from tierkv.tiers._native import OP_COPY, OP_GET, OP_PUT, Job, QueueCalls
 
@@ -104,7 +105,7 @@ class NativeQueue:
         except BaseException as exc:
             self._slots.refuse(finish, exc)
             raise
-        job = Job(op=OP_GET, dest=int(out.ctypes.data), src=source, len=out.nbytes,
+        job = Job(op=OP_GET, dest=address_of(out), src=source, len=out.nbytes,
                   expected=checksum)
         matched = await self._submit(job, finish, out)
         return out if matched else None

@@ -64,7 +64,7 @@ def copy_out(out: npt.NDArray[np.uint8], source: int, checksum: int,
     one C call does it (`_pmem_native.NativeCopies.copy_verified`)."""
     nbytes = out.nbytes
     view = out.data
-    target = int(out.ctypes.data)
+    target = address_of(out)
     if native is not None:
         return view if native.copy_verified(target, source, nbytes, checksum) else None
     if nbytes <= CHUNK:
