@@ -204,10 +204,14 @@ class Dag:
         the new edges are checked first (`DependencyCycleError`, nothing changed), then the
         edges from parents no longer named are dropped."""
         wanted = set(parents)
-        self.link_all(wanted, key)
-        for parent in tuple(_neighbours(self._parents, key)):
-            if parent not in wanted:
-                self._detach(parent, key)
+        if wanted:
+            self.link_all(wanted, key)
+        else:  # most puts name no parents: nothing to check
+            _check_key(key)
+        if key in self._parents:
+            for parent in tuple(_neighbours(self._parents, key)):
+                if parent not in wanted:
+                    self._detach(parent, key)
 
     def cut(self, key: bytes) -> None:
         """Forget `key` as a node: drop its edges to its parents and to its children.
