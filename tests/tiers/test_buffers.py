@@ -1,12 +1,15 @@
-"""`BufferRecycler`: get results whose memory comes back once nothing refers to them."""
+"""`BufferRecycler`: get results whose memory comes back once nothing refers to them; and
+`address_of`, the address a copy in C is given."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 
 import numpy as np
+import pytest
 
-from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler
+from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler, address_of
 
 SIZE = 256 << 10
 
@@ -67,3 +70,22 @@ def test_a_tensor_made_from_a_result_keeps_its_memory() -> None:
     assert tensor.data_ptr() == address
     del tensor
     assert recycler.take(SIZE).ctypes.data == address
+
+
+def test_address_of_is_where_the_bytes_are() -> None:
+    """Read-only (a `bytes`' view) and writable buffers alike: the address reads the buffer's
+    own bytes, an offset view's address is offset, an empty buffer's is 0, and a buffer that is
+    not contiguous is refused rather than given an address a copy would misread."""
+    data = bytes(range(256)) * 16
+    view = memoryview(data)
+    assert ctypes.string_at(address_of(view), len(data)) == data
+    assert address_of(view[100:]) == address_of(view) + 100
+    array = np.arange(4096, dtype=np.uint8)
+    assert address_of(array) == array.ctypes.data
+    assert ctypes.string_at(address_of(array[7:]), 4) == bytes([7, 8, 9, 10])
+    assert address_of(memoryview(b"")) == 0
+    assert address_of(np.empty(0, dtype=np.uint8)) == 0
+    with pytest.raises(BufferError):
+        address_of(array[::2])
+    with pytest.raises(BufferError):
+        address_of(view[::2])

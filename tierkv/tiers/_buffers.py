@@ -74,7 +74,10 @@ def address_of(view: memoryview | npt.NDArray[np.uint8]) -> int:
     if not view.nbytes:
         return 0
     buffer = _PyBuffer()
-    _get_buffer(view, buffer, _PYBUF_SIMPLE)
+    try:
+        _get_buffer(view, buffer, _PYBUF_SIMPLE)
+    except ValueError as exc:  # numpy's word for it
+        raise BufferError(str(exc)) from None
     try:
         return int(buffer.buf)
     finally:
