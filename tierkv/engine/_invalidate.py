@@ -61,7 +61,7 @@ class Invalidations:
         while True:
             pending = self._new_descendants(doomed)
             if not pending:
-                if synced or (not barrier and len(doomed) == 1):
+                if synced:
                     return removed, doomed
                 await self._sync()
                 synced = True

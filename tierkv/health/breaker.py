@@ -304,14 +304,14 @@ class CircuitBreaker:
 
     def _count_success(self, now: float) -> bool:
         """The common outcome in few steps (every guarded call of a healthy tier reports one):
-        a success, not slow, of a call admitted in this state, landing in
-        the window's newest bucket while the window holds no failure. In that bucket nothing is
-        left to prune (the report that made it pruned for its index), a window without failures
-        cannot trip (with failures, the success that reaches `min_calls` may), and a closed
-        breaker's `_advance` does nothing. False: take the general path."""
+        a success, not slow, of a call admitted in this state, landing in the window's newest
+        bucket while the window holds no failure. In that bucket nothing is left to prune (the
+        report that made it pruned for its index), a window without failures cannot trip (with
+        failures, the success that reaches `min_calls` may), and a closed breaker's `_advance`
+        does nothing. False: take the general path."""
         window = self._window
         if (self._state is not BreakerState.CLOSED or self._window_failures or not window
-                or window[-1].index != math.floor(now / self._width)):
+                or window[-1].index != self._index(now)):
             return False
         window[-1].calls += 1
         self._window_calls += 1
