@@ -262,6 +262,64 @@ def test_invalidated_objects_stay_gone_after_kill_9(tmp_path: Path, policy: str,
     asyncio.run(reopen())
 
 
+_KILLED_OVERWRITER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import tierkv
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put(b"doc", b"v1" * 5000)
+        for i in range(12):
+            await kv.put(b"summary%d" % i, b"of v1 %d" % i * 500, parents=[b"doc"])
+        await kv.flush()
+        await kv.put(b"doc", b"v2" * 5000)  # removes the summaries, durably, before it returns
+        for version in range(30):  # overwrites with nothing derived: no sync of their own
+            await kv.put(b"solo", b"s%d" % version * 3000)
+        print("WRITTEN", flush=True)
+        time.sleep(300)  # killed here, never closed
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kinds", [ALL, ("gpu", "nvme"), ("pmem",)], ids="-".join)
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_overwrites_after_kill_9(tmp_path: Path, policy: str, kinds: tuple[str, ...]) -> None:
+    """An overwrite that removed derived objects made that removal durable before it
+    returned; overwrites that removed nothing skip that sync, and lose nothing by it: after a
+    SIGKILL no summary of the old value comes back under either policy, nor the old value
+    itself, and with ``write_through`` both keys hold their last acknowledged value byte for
+    byte (``write_back`` promises only what a flush covered: the overwritten key may miss, and
+    the other holds one of its values or none)."""
+    cfg = config(tmp_path, kinds, policy)
+    with subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITER, json.dumps(cfg)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as writer:
+        try:
+            assert writer.stdout is not None
+            line = writer.stdout.readline().split()
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(30)
+    assert line == ["WRITTEN"]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.get_many([b"summary%d" % i for i in range(12)]) == [None] * 12
+            doc, solo = await kv.get(b"doc"), await kv.get(b"solo")
+            if policy == "write_through":
+                assert doc == b"v2" * 5000
+                assert solo == b"s29" * 3000
+            else:
+                # the old value went with its summaries, durably: a miss or the new value
+                assert doc in (None, b"v2" * 5000)
+                assert solo is None or solo in {b"s%d" % v * 3000 for v in range(30)}
+
+    asyncio.run(reopen())
+
+
 async def test_moves_under_way_never_bring_an_invalidated_object_back(tmp_path: Path) -> None:
     """Objects of a chain are being demoted and promoted while the chain is invalidated: once
     the invalidation returned and the background settled, no tier holds any of them, and a
