@@ -39,6 +39,20 @@ def chain(prompt: int, blocks: int, model: str = "m@1") -> list[tierkv.BlockKey]
     return tierkv.block_keys(tokens, block_size=4, model=model, rope_theta=1e4)
 
 
+def killed_after(script: str, cfg: dict[str, Any], lines: int) -> list[list[str]]:
+    """Run `script` (a writer given `cfg` as JSON) in a subprocess, read `lines` lines of its
+    output (split into words), then SIGKILL it."""
+    with subprocess.Popen([sys.executable, "-c", script, json.dumps(cfg)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True) as writer:
+        try:
+            assert writer.stdout is not None
+            return [writer.stdout.readline().split() for _ in range(lines)]
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(30)
+
+
 async def test_invalidate_removes_the_key_and_its_descendants(tmp_path: Path) -> None:
     async with tierkv.open(config(tmp_path)) as kv:
         await kv.put(b"a", b"A")
@@ -233,15 +247,7 @@ def test_invalidated_objects_stay_gone_after_kill_9(tmp_path: Path, policy: str,
     tombstones synced): after a SIGKILL the reopened engine serves none of the invalidated
     blocks and every other object byte for byte."""
     cfg = config(tmp_path, kinds, policy)
-    with subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, json.dumps(cfg)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as writer:
-        try:
-            assert writer.stdout is not None
-            lines = [writer.stdout.readline().split() for _ in range(3)]
-        finally:
-            os.kill(writer.pid, signal.SIGKILL)
-            writer.wait(30)
+    lines = killed_after(_KILLED_WRITER, cfg, 3)
     assert lines[0] == ["PUT"]
     assert lines[1] == ["INVALIDATED", "11"]  # block 5 and the 10 after it
     assert lines[2] == ["MODEL", "5"]  # the blocks 0..4 left of that model
@@ -294,16 +300,7 @@ def test_overwrites_after_kill_9(tmp_path: Path, policy: str, kinds: tuple[str, 
     byte (``write_back`` promises only what a flush covered: the overwritten key may miss, and
     the other holds one of its values or none)."""
     cfg = config(tmp_path, kinds, policy)
-    with subprocess.Popen([sys.executable, "-c", _KILLED_OVERWRITER, json.dumps(cfg)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as writer:
-        try:
-            assert writer.stdout is not None
-            line = writer.stdout.readline().split()
-        finally:
-            os.kill(writer.pid, signal.SIGKILL)
-            writer.wait(30)
-    assert line == ["WRITTEN"]
+    assert killed_after(_KILLED_OVERWRITER, cfg, 1) == [["WRITTEN"]]
 
     async def reopen() -> None:
         async with tierkv.open(cfg) as kv:
@@ -367,16 +364,7 @@ def test_add_dependency_edges_survive_kill_9(tmp_path: Path, kinds: tuple[str, .
     it returns: after a SIGKILL the reopened engine's DAG has the edges, so invalidating the
     parent removes exactly the linked children, and the others stay byte for byte."""
     cfg = config(tmp_path, kinds, "write_back")
-    with subprocess.Popen([sys.executable, "-c", _LINKING_WRITER, json.dumps(cfg)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                          text=True) as writer:
-        try:
-            assert writer.stdout is not None
-            line = writer.stdout.readline().split()
-        finally:
-            os.kill(writer.pid, signal.SIGKILL)
-            writer.wait(30)
-    assert line == ["LINKED"]
+    assert killed_after(_LINKING_WRITER, cfg, 1) == [["LINKED"]]
 
     async def reopen() -> None:
         async with tierkv.open(cfg) as kv:
