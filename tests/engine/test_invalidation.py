@@ -26,6 +26,7 @@ from tests.engine._configs import hierarchy_config
 from tierkv import DependencyCycleError
 
 ALL = ("gpu", "pmem", "nvme")
+MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -86,6 +87,67 @@ async def test_an_overwrite_removes_what_derived_from_the_old_value(tmp_path: Pa
         await kv.put(b"summary", b"of v2", parents=[b"doc"])
         await kv.put(b"doc", b"v3")
         assert await kv.get(b"summary") is None
+
+
+async def test_a_write_of_a_parent_that_left_the_cache_still_removes_its_children(
+        tmp_path: Path) -> None:
+    """The old value is gone (deleted here; evicted works alike), its children are not: a new
+    value of the parent must still reach them, before and after a restart."""
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"doc", b"v1")
+        await kv.put(b"summary", b"of v1", parents=[b"doc"])
+        assert await kv.delete(b"doc")
+        assert await kv.get(b"summary") == b"of v1"  # a delete is not a new value
+        await kv.put(b"doc", b"v2")
+        assert await kv.get(b"summary") is None
+        await kv.put(b"summary", b"of v2", parents=[b"doc"])
+        await kv.delete(b"doc")
+    async with tierkv.open(config(tmp_path)) as kv:  # the edge comes back from the header
+        assert await kv.get(b"summary") == b"of v2"
+        await kv.put(b"doc", b"v3")
+        assert await kv.get(b"summary") is None
+
+
+async def test_a_parents_first_write_removes_children_put_before_it(tmp_path: Path) -> None:
+    """Nothing tells a parent never stored from one whose value left the cache, so any write
+    of a key with children is a new value of it (a chain is put parent first)."""
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"child", b"C", parents=[b"parent"])
+        await kv.put(b"parent", b"P")
+        assert await kv.get(b"child") is None
+        await kv.put(b"child", b"C", parents=[b"parent"])
+        assert await kv.get(b"child") == b"C"
+
+
+async def test_a_cancelled_overwrite_whose_value_landed_still_removes_the_old_descendants(
+        tmp_path: Path) -> None:
+    """Cancelled while its cascade waits for children that other puts hold, an overwrite whose
+    new value is in place finishes the cascade: no child of the old value stays readable."""
+    gpu = {"capacity": 128 * MiB, "slot_size": MiB, "host_copies": "workers"}
+    landed = 0
+    for _ in range(5):
+        async with tierkv.open(hierarchy_config(tmp_path, ("gpu",), gpu=gpu)) as kv:
+            await kv.put(b"p", b"v1")
+            children = [b"c%d" % i for i in range(40)]
+            for child in children:
+                await kv.put(child, b"of v1", parents=[b"p"])
+            # puts of the children, derived from v1, hold their keys while the cascade runs
+            rewrites = [asyncio.create_task(kv.put(child, bytes(900_000), parents=[b"p"]))
+                        for child in children]
+            await asyncio.sleep(0)
+            overwrite = asyncio.create_task(kv.put(b"p", b"v2"))
+            for _turn in range(100_000):  # until the new value is in place: the cascade's turn
+                if await kv.get(b"p") == b"v2":
+                    break
+                await asyncio.sleep(0)
+            overwrite.cancel()
+            try:
+                await overwrite
+            except asyncio.CancelledError:
+                landed += 1
+            await asyncio.gather(*rewrites)
+            assert await kv.get_many(children) == [None] * len(children)
+    assert landed  # the cancellation reached the cascade at least once
 
 
 async def test_an_overwrite_syncs_the_persistent_tiers_only_when_it_removed_something(

@@ -20,6 +20,7 @@ runs here `local`ly: local copies deleted, shared copies only forgotten, nothing
 
 from __future__ import annotations
 
+from tierkv._concurrency import outlive_cancel
 from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
@@ -42,6 +43,15 @@ class Invalidations:
     async def forget(self, key: bytes) -> int:
         """`invalidate(key, local=True)`: another engine invalidated `key`."""
         return await self.invalidate(key, local=True)
+
+    async def overwritten(self, key: bytes) -> None:
+        """A put stored a new value of `key`: remove what derived from the old one and tell the
+        fleet (`descendants`, no barrier). Runs to its end even if the put's caller is cancelled
+        meanwhile: the new value is in place, so neither what derived from the old one nor the
+        fleet's copies of it may stay readable. The common overwrite (nothing derived from the
+        old value, no fleet) awaits nothing."""
+        if self._st.dag.has_children(key) or self._shared.publishes:
+            await outlive_cancel(self.descendants(key, barrier=False))
 
     async def descendants(self, key: bytes, *, local: bool = False, barrier: bool) -> int:
         """Remove everything derived from `key` (not `key` itself), durably; how many.

@@ -240,6 +240,11 @@ class Shared:
         return list(seen)
 
     # -- invalidations -----------------------------------------------------------------------
+    @property
+    def publishes(self) -> bool:
+        """Whether `publish` tells a fleet anything (a shared tier with a fleet log)."""
+        return self.tier is not None and self.index is not None and self.tier.fleet is not None
+
     async def publish(self, keys: Sequence[bytes]) -> None:
         """Delete `keys` on the server and tell the fleet they are invalid. An invalidation the
         server does not take (down, slow, its breaker open) is kept and published again once it

@@ -32,14 +32,16 @@ class Writes:
 
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload,
                   latency_slo: float | None = None) -> bool:
-        """Store a new value of `key`; whether it replaced one (its descendants are then the
-        caller's to invalidate). `DependencyCycleError` before anything changes if a parent
-        derives from `key`."""
+        """Store a new value of `key`; whether it replaced one or something derives from `key`
+        (an old value that left the cache leaves its children's edges behind): what derives
+        from `key` is then the caller's to invalidate. `DependencyCycleError` before anything
+        changes if a parent derives from `key`."""
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
+            rewrites = old is not None or st.dag.has_children(key)
             try:
                 if old is not None:
                     await self._copies.discard(old, claim)
@@ -62,7 +64,7 @@ class Writes:
                 if old is not None and st.lost_overwrite is not None:
                     st.lost_overwrite(key)
                 raise
-        return old is not None
+        return rewrites
 
     def _abandon(self, entry: IndexEntry, claim: Claim) -> None:
         """A write-through put that could not make its value durable leaves no value: the copies

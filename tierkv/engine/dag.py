@@ -1,8 +1,9 @@
 """The write-invalidation DAG: which stored objects derive from which.
 
 An edge ``parent -> child`` says that `child` was computed from `parent` (a KV block from the
-block before it, every block of a model from the model's version node), so a write or a delete
-of `parent` must invalidate `child` and, transitively, everything below it.
+block before it, every block of a model from the model's version node), so a write of `parent`
+(whether or not an old value of it is still stored) or its invalidation must invalidate `child`
+and, transitively, everything below it; a plain delete of `parent` leaves `child` alone.
 `Dag.remove_subtree` returns that set; the engine does the invalidating.
 
 `Dag` is a pure, synchronous structure: no IO, no locking. The engine owns one and calls it from

@@ -184,11 +184,13 @@ class Engine(ReadCalls):
         """Store `value` under `key`, replacing (and invalidating) any earlier value.
 
         `parents` are the keys this value derives from (the first names the prefix block it
-        extends): a later write or `invalidate` of any of them removes this object too; a
-        parent that derives from `key` is refused with `DependencyCycleError`, before anything
-        changes. A `BlockKey` made by `block_keys(..., model=...)` is also hung under that model
-        version, for `invalidate_model`. Replacing a value removes everything derived from the
-        old one (durably, before the call returns).
+        extends): a later write or `invalidate` of any of them removes this object too, even
+        when that parent left the cache meanwhile, and even a parent's first write (put a
+        chain parent first, as `put_many` does); a parent that derives from `key` is refused
+        with `DependencyCycleError`, before anything changes. A `BlockKey` made by
+        `block_keys(..., model=...)` is also hung under that model version, for
+        `invalidate_model`. A new value removes everything derived from `key` so far (durably,
+        before the call returns; a cancelled put whose value is in place finishes that first).
 
         `latency_slo` (seconds per read), if given, places the object in the slowest tier whose
         measured profile reads it that fast at its access frequency
@@ -220,7 +222,7 @@ class Engine(ReadCalls):
                 entry = st.index.get(raw)
                 placed = entry.locations[0] if entry is not None and entry.locations else None
                 if replaced:
-                    await self._invalidations.descendants(raw, barrier=False)
+                    await self._invalidations.overwritten(raw)
                 self._shared.share(raw)
             st.counters.puts += 1
             if placed is not None:
