@@ -108,6 +108,26 @@ async def test_a_tier_that_can_free_nothing_passes_the_put_down(tmp_path: Path) 
         assert await kv.get("a") == torch_bytes
 
 
+async def test_a_key_pinned_after_its_demotion_was_planned_stays_in_the_first_tier(
+        tmp_path: Path) -> None:
+    """The evictor skips pinned keys when it plans; a plan made just before the pin (here held
+    back by the byte budget) must still leave the pinned copy where it is when it runs."""
+    config = gpu_nvme(tmp_path, scheduler={"migration_bandwidth": "64KiB"},
+                      gpu={"free_low": 0.1, "free_high": 0.2})
+    async with tierkv.open(config) as kv:
+        await kv.put("pinned", b"p" * 4000)  # the oldest: the first victim
+        for i in range(15):
+            await kv.put(f"k{i}", os.urandom(4000))
+        await asyncio.sleep(0)  # the evictor plans its victims
+        async with kv.pin("pinned") as handle:
+            await kv.settle()  # every plan has run
+            assert await kv.locate("pinned") == "gpu"
+            assert kv.stats()["tiers"]["gpu"]["pinned"] == 1
+            assert bytes(handle.value[:4].tolist()) == b"pppp"
+        assert kv.stats()["engine"]["moves_discarded"] >= 1  # the plan came and was dropped
+        assert await kv.get("pinned") == b"p" * 4000
+
+
 @pytest.mark.parametrize("promote", [True, False])
 async def test_a_hit_below_is_promoted_in_the_background(tmp_path: Path, promote: bool) -> None:
     config = gpu_nvme(tmp_path, scheduler={"promote_on_hit": promote})

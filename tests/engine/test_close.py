@@ -1,9 +1,14 @@
-"""`close` flushes everything to the persistent tiers, also when that needs room made below."""
+"""`close` flushes everything to the persistent tiers, also when that needs room made below;
+it is one close however many calls wait for it, and a caller that stops waiting does not stop
+it; an engine refuses calls from an event loop other than its own."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,3 +35,81 @@ async def test_close_persists_an_l1_full_of_objects_into_a_full_pool(tmp_path: P
     async with tierkv.open(config) as kv:
         for key, value in values.items():
             assert await kv.get(key) == value, key
+
+
+def gpu_pmem(tmp: Path, **scheduler: Any) -> dict[str, Any]:
+    return {"scheduler": scheduler, "tiers": [
+        {"name": "gpu", "kind": "gpu", "device": "cpu", "capacity": "1MiB", "slot_size": "64KiB",
+         "ttl": "60s"},
+        {"name": "pmem", "kind": "pmem", "path": str(tmp / "tierkv.pool"), "capacity": "8MiB"},
+    ]}
+
+
+async def test_a_close_its_caller_stopped_waiting_for_goes_on_and_later_calls_wait_for_it(
+        tmp_path: Path) -> None:
+    values = {f"k{i}": os.urandom(60_000) for i in range(12)}
+    kv = await tierkv.open(gpu_pmem(tmp_path))
+    for key, value in values.items():
+        await kv.put(key, value)  # write_back: in the gpu tier only until close flushes them
+    first = asyncio.create_task(kv.close())
+    await asyncio.sleep(0)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await kv.close()  # waits for the close under way: the flush, the tiers closed
+    await kv.close()
+    async with tierkv.open(gpu_pmem(tmp_path)) as kv:
+        for key, value in values.items():
+            assert await kv.get(key) == value, key
+
+
+async def test_concurrent_closes_are_one_close(tmp_path: Path) -> None:
+    kv = await tierkv.open(gpu_pmem(tmp_path))
+    await kv.put("k", b"v" * 70_000)
+    await asyncio.gather(kv.close(), kv.close(), kv.close())
+    async with tierkv.open(gpu_pmem(tmp_path)) as kv:  # the pool was released
+        assert await kv.get("k") == b"v" * 70_000
+
+
+async def test_a_backlog_paced_by_the_background_budget_does_not_hold_the_close(
+        tmp_path: Path) -> None:
+    # 4 KiB/s: the promotions below would take about a minute paced
+    kv = await tierkv.open(gpu_pmem(tmp_path, background_bandwidth="4KiB"))
+    for i in range(30):
+        await kv.put(f"k{i}", os.urandom(60_000))
+    await kv.settle()
+    below = [f"k{i}" for i in range(30) if await kv.locate(f"k{i}") == "pmem"]
+    assert below
+    for key in below:
+        await kv.get(key)  # a hit below: a promotion, paced
+    await asyncio.wait_for(kv.close(), 20)
+
+
+async def test_an_engine_refuses_calls_from_another_event_loop(tmp_path: Path) -> None:
+    async with tierkv.open(gpu_pmem(tmp_path)) as kv:
+        errors: list[BaseException] = []
+
+        async def intrude() -> None:
+            for call in (kv.put("k", b"x" * 200_000), kv.get("k"), kv.flush(), kv.close()):
+                try:
+                    await call
+                except RuntimeError as exc:
+                    errors.append(exc)
+
+        thread = threading.Thread(target=lambda: asyncio.run(intrude()))
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        assert len(errors) == 4
+        assert all("event loop" in str(exc) for exc in errors)
+        await kv.put("k", b"y" * 200_000)  # the engine's own loop: untouched, working
+        assert await kv.get("k") == b"y" * 200_000
+        assert kv.stats()["tiers"]["gpu"]["objects"] == 1
+
+
+async def test_an_opening_is_entered_once(tmp_path: Path) -> None:
+    opening = tierkv.open(gpu_pmem(tmp_path))
+    async with opening as kv:
+        with pytest.raises(RuntimeError, match="entered once"):
+            async with opening:
+                pass
+        await kv.put("k", b"v")

@@ -20,16 +20,13 @@ class Evictor:
         self._st = state
         self._tier = tier
         self._executor = executor
-        self._pins: dict[bytes, int] | None = None
-
-    def protect_pins(self, pins: dict[bytes, int]) -> None:
-        """Keys pinned in this tier (the first) are never victims."""
-        self._pins = pins
+        #: pins hold objects in the first tier only
+        self._pinnable = tier == 0
 
     def protected(self, key: bytes) -> bool:
         """Whether `key` may not be moved out now: pinned, busy, or already moving."""
         st = self._st
-        if st.keys.busy(key) or (self._pins is not None and key in self._pins):
+        if st.keys.busy(key) or (self._pinnable and key in st.pins):
             return True
         entry = st.index.get(key)
         return entry is None or entry.moving

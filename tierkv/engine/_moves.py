@@ -26,7 +26,7 @@ from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
 from tierkv.errors import DeviceError
-from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share
+from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share, departs_from
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -86,6 +86,8 @@ class Moves:
                 return await self._promote(entry, plan, claim)
             if isinstance(plan, Share):
                 return await self._share(entry, plan, claim)
+            if departs_from(plan) == 0 and plan.key in st.pins:
+                return False  # pinned since the plan was made: its first-tier copy stays
             if isinstance(plan, Demote):
                 return await self._demote(entry, plan, claim)
             return await self._leave(entry, plan, claim)

@@ -21,13 +21,11 @@ from tierkv.tiers.base import PinToken, ZeroCopyPinning
 
 
 class Pins:
-    __slots__ = ("_copies", "_st", "counts")
+    __slots__ = ("_copies", "_st")
 
     def __init__(self, state: EngineState, copies: CopyOps) -> None:
         self._st = state
         self._copies = copies
-        #: live pins per key; the first tier's evictor and expiry skip these keys
-        self.counts: dict[bytes, int] = {}
 
     def _first(self) -> ZeroCopyPinning:
         first = self._st.pinning[0]
@@ -53,17 +51,18 @@ class Pins:
                 if entry.detached:
                     raise ObjectNotFound(key)
             token, flat = first.acquire_pin(raw)
-            self.counts[raw] = self.counts.get(raw, 0) + 1
+            st.pins[raw] = st.pins.get(raw, 0) + 1
             st.scheduler.accessed(0, raw, st.now())
             return token, flat, entry.meta
 
     def release(self, raw: bytes, token: PinToken) -> None:
         self._first().release_pin(token)
-        remaining = self.counts[raw] - 1
+        pins = self._st.pins
+        remaining = pins[raw] - 1
         if remaining:
-            self.counts[raw] = remaining
+            pins[raw] = remaining
         else:
-            del self.counts[raw]
+            del pins[raw]
 
 
 class PinHandle:

@@ -94,11 +94,12 @@ class Engine(ReadCalls):
         st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
         self._background = Background(st, self._executor, ticks=(self._shared.tick,))
-        self._background.evictors[0].protect_pins(self._pins.counts)
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
         self._closed = True  # until `_start` has opened the tiers
+        #: the one close, which every `close` call waits for
+        self._closing: asyncio.Future[None] | None = None
         first = config.tiers[0]
         self.device = (
             getattr(self.tiers[0], "device", torch.device("cpu"))
@@ -143,16 +144,27 @@ class Engine(ReadCalls):
 
     async def close(self) -> None:
         """Finish what is in flight, flush to the persistent tiers (so a restart finds the
-        cache), then close them. Idempotent."""
+        cache), then close them. Idempotent: every call, concurrent or later, waits for the
+        one close and raises what it raised; a caller cancelled meanwhile stops waiting, not
+        the close, which goes on in the background."""
+        self._one_call.check_loop()
+        if self._closing is None:
+            if self._closed:
+                return  # never opened
+            self._closed = True  # new calls are refused from here on
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         st = self._st
-        if self._closed:
-            return
-        self._closed = True  # new calls are refused from here on
         try:
             # calls in progress end; the evictors still run, so writes waiting for room get it
             await st.quiet.wait()
             await self._shared.stop()
             await self._background.stop_expiry()
+            # what no write waits for (promotions, shares) goes unpaced: a backlog paced at a
+            # low `background_bandwidth` would hold the close for backlog / rate seconds
+            st.background_budget.lift()
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
             await self._flusher.flush()  # may wait for room below: the evictors still run
@@ -374,10 +386,10 @@ class Engine(ReadCalls):
         step; call it on the engine's loop (`tierkv.metrics.prometheus` shows how from another
         thread). Works on a closed engine too (its final figures)."""
         return engine_metrics(self._st, in_flight=self._executor.in_flight,
-                              pinned=len(self._pins.counts))
+                              pinned=len(self._st.pins))
 
     def stats(self) -> dict[str, Any]:
         """Counters and gauges as plain data: ``{"engine": {...}, "tiers": {name: {...}}}``
         (`metrics` is the typed snapshot)."""
         return engine_stats(self._st, in_flight=self._executor.in_flight,
-                            pinned=len(self._pins.counts))
+                            pinned=len(self._st.pins))

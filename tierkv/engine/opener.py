@@ -42,6 +42,8 @@ class EngineOpening:
         return open_engine(self._config, self._clock, self._tracer_provider).__await__()
 
     async def __aenter__(self) -> Engine:
+        if self._engine is not None:  # a second engine would find its own media in use
+            raise RuntimeError("an engine opening is entered once; call tierkv.open again")
         self._engine = await open_engine(self._config, self._clock, self._tracer_provider)
         return self._engine
 
