@@ -3,7 +3,8 @@ against a model of values and edges, on all three tiers (large enough that nothi
 so the model is exact).
 
 The model's DAG: a put sets the key's parents (replacing the old ones) and, if the key held a
-value, removes everything derived from it; `invalidate` removes the key and its descendants and
+value or anything derives from it (an old value that left keeps its children's edges), removes
+everything derived from it; `invalidate` removes the key and its descendants and
 returns how many stored objects went; an object that leaves drops the edges from its parents;
 `add_dependency` to a stored child writes the edge into the child's header (it survives a
 reopen), to a key not stored it lives in memory only, so a reopen rebuilds the edges from the
@@ -78,9 +79,9 @@ class DagMachine(RuleBasedStateMachine):
                 return
             raise AssertionError("a cycle was accepted")
         self.run(self.kv.put(key, value, parents=parents))
-        replaced = key in self.values
+        rewrites = key in self.values or any(p == key for p, _ in self.edges)
         self.edges = {(p, c) for p, c in self.edges if c != key} | {(p, key) for p in parents}
-        if replaced:
+        if rewrites:
             self.remove_descendants(key)
         self.values[key] = value
         self.durable[key] = set(parents)
