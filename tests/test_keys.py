@@ -11,7 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import tierkv
-from tierkv import BlockKey, CorruptObjectError, block_keys
+from tierkv import BlockKey, CorruptObjectError, LimitExceededError, block_keys
 from tierkv.keys import DIGEST_SIZE, MAX_KEY_SIZE, Key, decode_key, encode_key
 
 MODEL = "llama-3-8b@rev1"
@@ -280,10 +280,19 @@ def test_encode_key_refuses_keys_over_the_size_limit() -> None:
     longest = MAX_KEY_SIZE - 1  # one byte goes to the domain tag
     assert len(encode_key(b"k" * longest)) == MAX_KEY_SIZE
     assert len(encode_key("k" * longest)) == MAX_KEY_SIZE
-    with pytest.raises(ValueError):
+    with pytest.raises(LimitExceededError) as info:
         encode_key(b"k" * (longest + 1))
+    assert (info.value.maximum, info.value.actual) == (longest, longest + 1)
     with pytest.raises(ValueError):
         encode_key("\u00e9" * (longest // 2 + 1))  # the limit counts UTF-8 bytes
+
+
+def test_block_keys_refuses_a_model_too_long_to_be_a_key() -> None:
+    # a put hangs the block under the model version's key, a parent in its header
+    longest = "m" * (MAX_KEY_SIZE - 1)
+    assert block_keys([1, 2], block_size=2, model=longest, rope_theta=THETA)
+    with pytest.raises(LimitExceededError):
+        block_keys([1, 2], block_size=2, model=longest + "m", rope_theta=THETA)
 
 
 def test_block_key_is_hashable_and_frozen() -> None:

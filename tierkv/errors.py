@@ -61,5 +61,21 @@ class DependencyCycleError(TierKVError, ValueError):
         self.child = child
 
 
+class LimitExceededError(TierKVError, ValueError):
+    """A key, value or dependency is beyond a bound of the on-media format, so it could be
+    written but never read back (`tierkv.formats.header`, `tierkv.formats.value`): refused by
+    the public call before anything changes.
+
+    `limit` names the bound (``"key bytes"``, ``"parents"``, ``"header body bytes"``, ...),
+    `maximum` is its value and `actual` what the call asked for.
+    """
+
+    def __init__(self, limit: str, maximum: int, actual: int) -> None:
+        super().__init__(f"{limit}: {actual} exceeds the format's limit of {maximum}")
+        self.limit = limit
+        self.maximum = maximum
+        self.actual = actual
+
+
 class TierUnavailableError(DeviceError):
     """A tier's circuit breaker is open: the call was not made (the caller skips the tier)."""

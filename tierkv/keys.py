@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tierkv.errors import CorruptObjectError
+from tierkv.errors import CorruptObjectError, LimitExceededError
 
 DIGEST_SIZE = 16
 #: longest canonical key (and parent key) an object header can carry
@@ -81,11 +81,15 @@ def block_keys(
     hashed byte string.
 
     Raises `TypeError` for a token id that is not an int, and `ValueError` for one outside the
-    signed 64-bit range, a `block_size` below 1 or a `model` with no UTF-8 form.
+    signed 64-bit range, a `block_size` below 1 or a `model` with no UTF-8 form
+    (`LimitExceededError` for one longer than a key).
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
     model_bytes = _utf8(model, "model")
+    if len(model_bytes) >= MAX_KEY_SIZE:
+        # a put hangs each block under the model version's key (`version_key`), a header parent
+        raise LimitExceededError("model bytes", MAX_KEY_SIZE - 1, len(model_bytes))
     salt = hashlib.sha256(
         _CHAIN_DOMAIN
         + struct.pack("<I", len(namespace))
@@ -134,8 +138,9 @@ def _utf8(text: str, what: str) -> bytes:
 def encode_key(key: Key) -> bytes:
     """The canonical byte form of a public key (see the module docstring).
 
-    Raises `TypeError` for other types, and `ValueError` for keys longer than `MAX_KEY_SIZE` and
-    `str` keys that have no UTF-8 form (a lone surrogate).
+    Raises `TypeError` for other types, `LimitExceededError` (a `ValueError`) for keys longer
+    than `MAX_KEY_SIZE` and `ValueError` for `str` keys that have no UTF-8 form (a lone
+    surrogate).
     """
     if isinstance(key, BlockKey):
         return bytes((_TAG_BLOCK,)) + key.digest + _BLOCK_TAIL.pack(
@@ -147,8 +152,8 @@ def encode_key(key: Key) -> bytes:
         raw = bytes((_TAG_BYTES,)) + bytes(key)
     else:
         raise TypeError(f"a key is a BlockKey, bytes or str, not {type(key).__name__}")
-    if len(raw) > MAX_KEY_SIZE:
-        raise ValueError(f"a key is at most {MAX_KEY_SIZE - 1} bytes")
+    if len(raw) > MAX_KEY_SIZE:  # one byte goes to the domain tag
+        raise LimitExceededError("key bytes", MAX_KEY_SIZE - 1, len(raw) - 1)
     return raw
 
 

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierkv import CorruptObjectError
+from tierkv import CorruptObjectError, LimitExceededError
 from tierkv.formats.header import (
     FORMAT_VERSION,
     MAGIC,
@@ -20,9 +20,11 @@ from tierkv.formats.header import (
     MAX_PARENTS,
     PREFIX,
     ObjectHeader,
+    check_header,
     checksum,
     decode_header,
     encode_header,
+    encode_header_parts,
     header_length,
     verify_payload,
 )
@@ -319,26 +321,92 @@ def _bytes_header(key: bytes, parents: tuple[bytes, ...] = ()) -> ObjectHeader:
     return ObjectHeader(key, ObjectMeta(ValueKind.BYTES, "", (), 0, 0, parents), 0)
 
 
+def _deep_header(dims: int) -> ObjectHeader:
+    meta = ObjectMeta(ValueKind.TENSOR, "uint8", (1,) * dims, 1)
+    return ObjectHeader(b"k", meta, 0)
+
+
 @pytest.mark.parametrize(
     "header",
     [
         pytest.param(_bytes_header(b"k" * (MAX_KEY + 1)), id="key-too-long"),
-        pytest.param(_bytes_header(b""), id="key-empty"),
         pytest.param(_bytes_header(b"k", (b"p" * (MAX_KEY + 1),)), id="parent-too-long"),
-        pytest.param(_bytes_header(b"k", (b"",)), id="parent-empty"),
         pytest.param(_bytes_header(b"k", (b"p",) * (MAX_PARENTS + 1)), id="too-many-parents"),
+        # each parent within the key limit, far fewer than MAX_PARENTS, the body over MAX_BODY
+        pytest.param(_bytes_header(b"k", tuple(b"%d" % i + b"p" * 60_000 for i in range(20))),
+                     id="body-too-large"),
+        pytest.param(_deep_header(MAX_DIMS + 1), id="too-many-dims"),
     ],
 )
 def test_encode_refuses_what_decode_would_refuse(header: ObjectHeader) -> None:
     # Written but unreadable would lose the object silently; refuse it at write time instead.
+    with pytest.raises(LimitExceededError):
+        encode_header(header)
+    with pytest.raises(LimitExceededError):
+        check_header(header.key, header.meta)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        pytest.param(_bytes_header(b""), id="key-empty"),
+        pytest.param(_bytes_header(b"k", (b"",)), id="parent-empty"),
+    ],
+)
+def test_encode_refuses_empty_keys(header: ObjectHeader) -> None:
     with pytest.raises(ValueError):
         encode_header(header)
 
 
-def test_encode_accepts_the_limits() -> None:
-    header = _bytes_header(b"k" * MAX_KEY, (b"p" * MAX_KEY,) + (b"p",) * (MAX_PARENTS - 1))
+def test_decode_refuses_what_encode_refuses() -> None:
+    # the bounds outside msgpack's own (key lengths) and the prefix's (body length), hand packed
+    for header in (_bytes_header(b"k", (b"p",) * (MAX_PARENTS + 1)), _deep_header(MAX_DIMS + 1)):
+        with pytest.raises(CorruptObjectError):
+            decode_header(_frame(_pack(_fields(header))))
+    header = _deep_header(MAX_DIMS)
     raw = encode_header(header)
     assert decode_header(raw) == (header, len(raw))
+
+
+def _widest_body(header: ObjectHeader) -> int:
+    """The body's length in the widest form a later write may give it: the largest generation
+    and payload checksum."""
+    meta = header.meta.with_generation(2**64 - 1)
+    try:
+        return encode_header_parts(header.key, meta).widest_size - PREFIX.size
+    except LimitExceededError as exc:
+        assert exc.limit == "header body bytes"
+        return exc.actual
+
+
+def _padded_header(body: int) -> ObjectHeader:
+    """A header whose widest body is `body` bytes (parents of 60,000 bytes and one shorter)."""
+    parents = (b"p" * 60_000,) * (MAX_BODY // 60_005)
+    probe = 1000
+    base = _widest_body(_bytes_header(b"k", (*parents, b"q" * probe)))
+    header = _bytes_header(b"k", (*parents, b"q" * (probe + body - base)))
+    assert _widest_body(header) == body
+    return header
+
+
+@pytest.mark.parametrize("slack", [-9, -1, 0, 1, 9])
+def test_check_header_accepts_exactly_what_decodes_at_any_generation_and_checksum(
+    slack: int,
+) -> None:
+    """At the body's bound: what `check_header` accepts is written and read back with the
+    widest generation and checksum; one byte more is refused, by encode too."""
+    header = _padded_header(MAX_BODY + slack)
+    widest = ObjectHeader(header.key, header.meta.with_generation(2**64 - 1), 2**64 - 1)
+    if slack > 0:
+        with pytest.raises(LimitExceededError) as info:
+            check_header(header.key, header.meta)
+        assert info.value.limit == "header body bytes"
+        with pytest.raises(LimitExceededError):
+            encode_header(widest)
+        return
+    check_header(header.key, header.meta)
+    raw = encode_header(widest)
+    assert decode_header(raw) == (widest, len(raw))
 
 
 @FAST

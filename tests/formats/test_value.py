@@ -10,15 +10,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierkv import CorruptObjectError
+from tierkv import CorruptObjectError, LimitExceededError
 from tierkv.formats.value import (
     DTYPES,
+    MAX_DIMS,
     ObjectMeta,
     Payload,
     ValueKind,
     decode_value,
     encode_value,
     payload_view,
+    validate_meta,
 )
 
 FAST = settings(max_examples=40, deadline=None)
@@ -186,6 +188,19 @@ def test_unsupported_dtypes_are_refused(dtype: torch.dtype) -> None:
             tensor = torch.zeros(2, dtype=dtype)
     with pytest.raises(TypeError):
         encode_value(tensor)
+
+
+def test_tensors_of_more_dims_than_the_format_holds_are_refused() -> None:
+    deepest = torch.arange(6, dtype=torch.int8).reshape([1] * (MAX_DIMS - 2) + [2, 3])
+    got = _through_bytes(*encode_value(deepest))
+    assert isinstance(got, torch.Tensor) and torch.equal(got, deepest)
+    with pytest.raises(LimitExceededError) as info:
+        encode_value(deepest.unsqueeze(0))
+    assert info.value.maximum == MAX_DIMS
+    # and decoding refuses the same meta: the bound is one function (`shape_limit`)
+    meta = ObjectMeta(ValueKind.TENSOR, "int8", (1,) * (MAX_DIMS + 1), 1)
+    with pytest.raises(CorruptObjectError):
+        validate_meta(meta.kind, meta.dtype, meta.shape, meta.nbytes)
 
 
 def test_sparse_tensors_are_refused() -> None:

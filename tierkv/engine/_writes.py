@@ -17,8 +17,9 @@ from tierkv.config import WritePolicy
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
-from tierkv.engine._state import EngineState
-from tierkv.errors import DeviceError, TierFullError, TierUnavailableError
+from tierkv.engine._state import EngineState, log
+from tierkv.errors import DeviceError, TierFullError, TierKVError, TierUnavailableError
+from tierkv.formats.header import check_header
 from tierkv.formats.value import ObjectMeta, Payload
 
 
@@ -108,32 +109,48 @@ class Writes:
             raise TierUnavailableError(f"no tier can take an object of {nbytes} bytes now: the "
                                        f"circuit breakers of {', '.join(blocked)} are open")
 
-    async def relink(self, key: bytes, parent: bytes) -> bool:
-        """Add `parent` to the parents `key`'s stored object names, so that the edge survives a
-        restart: the object's copies in persistent tiers are rewritten in place with the same
-        bytes and generation and the new header, each synced; the other copies keep theirs
-        (what they write down later carries the entry's meta). False if `key` is not stored.
+    async def relink(self, key: bytes, parent: bytes) -> None:
+        """Record that `key` derives from `parent`, in the DAG and in the parents `key`'s stored
+        object names, so that the edge survives a restart: the object's copies in persistent
+        tiers are rewritten in place with the same bytes and generation and the new header,
+        each synced; the other copies keep theirs (what they write down later carries the
+        entry's meta). `LimitExceededError` when the new header could not be read back and
+        `DependencyCycleError` when `parent` derives from `key`, both before anything changes.
         A cancelled or failed rewrite leaves each copy with the old header or the new one, both
-        the same object."""
+        the same object; a failed one leaves the edge in memory only (counted and logged)."""
         st = self._st
         async with st.keys.hold(key):
             st.check_open()
             entry = st.index.get(key)
-            if entry is None:
-                return False
-            if parent in entry.meta.parents:
-                return True
-            meta = dataclasses.replace(entry.meta, parents=(*entry.meta.parents, parent))
-            durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
-            if durable:
-                got = await self._copies.read(entry, entry.locations[0])
-                if got is None or entry.detached:
-                    return False
-                for tier in durable:
-                    await st.guards[tier].write(st.tiers[tier].put, key, meta, got[1])
-                    await st.commits[tier].sync()
-            entry.meta = meta
-            return True
+            meta = None
+            if entry is not None and parent not in entry.meta.parents:
+                meta = dataclasses.replace(entry.meta, parents=(*entry.meta.parents, parent))
+                # a header that grew past the format's bounds would be written now and freed
+                # as corrupt at the next open (or, held in a volatile tier only, fail every
+                # flush): the edge is refused instead
+                check_header(key, meta)
+            st.dag.link(parent, key)
+            if entry is None or meta is None:
+                return
+            try:
+                await self._rewrite(entry, meta)
+            except TierKVError as exc:
+                st.counters.dag_edges_unpersisted += 1
+                log.warning("add_dependency: the edge could not be written into the child's "
+                            "header, it lives in memory only: %s", exc)
+
+    async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta) -> None:
+        """`relink`'s rewrite of the persistent copies' headers, the key held."""
+        st = self._st
+        durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
+        if durable:
+            got = await self._copies.read(entry, entry.locations[0])
+            if got is None or entry.detached:
+                return
+            for tier in durable:
+                await st.guards[tier].write(st.tiers[tier].put, entry.key, meta, got[1])
+                await st.commits[tier].sync()
+        entry.meta = meta
 
     async def delete(self, key: bytes, *, keep_shared: bool = False,
                      on_server: bool = False) -> bool:

@@ -48,7 +48,7 @@ from tierkv.engine._read_calls import ReadCalls
 from tierkv.engine._reads import Reads
 from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
-from tierkv.engine._state import EngineState, log
+from tierkv.engine._state import EngineState
 from tierkv.engine._storms import MissStormCallback
 from tierkv.engine._tombstones import Tombstones
 from tierkv.engine._tracing import (
@@ -60,7 +60,8 @@ from tierkv.engine._tracing import (
     PUT_MANY,
 )
 from tierkv.engine._writes import Writes
-from tierkv.errors import EngineClosedError, TierKVError
+from tierkv.errors import EngineClosedError
+from tierkv.formats.header import check_header
 from tierkv.formats.value import Value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, version_key
 from tierkv.metrics.snapshot import EngineMetrics
@@ -201,8 +202,12 @@ class Engine(ReadCalls):
         chain parent first, as `put_many` does); a parent that derives from `key` is refused
         with `DependencyCycleError`, before anything changes. A `BlockKey` made by
         `block_keys(..., model=...)` is also hung under that model version, for
-        `invalidate_model`. A new value removes everything derived from `key` so far (durably,
-        before the call returns; a cancelled put whose value is in place finishes that first).
+        `invalidate_model`. A put the object header cannot record and read back (more than
+        `MAX_PARENTS` parents, keys and parents' keys that together exceed its `MAX_BODY`, a
+        tensor of more than `MAX_DIMS` dimensions: `tierkv.formats`) is refused with
+        `LimitExceededError`, also before anything changes. A new value removes everything
+        derived from `key` so far (durably, before the call returns; a cancelled put whose value
+        is in place finishes that first).
 
         `latency_slo` (seconds per read), if given, places the object in the slowest tier whose
         measured profile reads it that fast at its access frequency
@@ -221,6 +226,7 @@ class Engine(ReadCalls):
         if isinstance(key, BlockKey) and key.model is not None:
             derived.append(version_key(key.model))  # last: the first parent names the prefix
         meta, payload = encode_value(value, parents=tuple(derived))
+        check_header(raw, meta)  # refused now, not when a flush or a demotion writes it down
         if latency_slo is not None and not (latency_slo > 0 and math.isfinite(latency_slo)):
             raise ValueError("latency_slo must be a positive number of seconds")
         with self._span(PUT, raw) as span:
@@ -307,17 +313,13 @@ class Engine(ReadCalls):
         or invalidation of `parent` removes `child`. `DependencyCycleError` if `parent`
         derives from `child`. A stored `child` names `parent` in its header from then on (its
         persistent copies are rewritten in place, on media when this returns), so the edge
-        survives a restart; an edge to a `child` not stored lives in memory, and a later
-        `put(child, parents=...)` sets the child's parents anew."""
+        survives a restart; `LimitExceededError` if that header would exceed the format's
+        bounds (`MAX_PARENTS` parents, a `MAX_BODY` body: `tierkv.formats.header`). Both are
+        raised before anything changes. An edge to a `child` not stored lives in memory, and
+        a later `put(child, parents=...)` sets the child's parents anew."""
         async with self._call():
             raw_parent, raw_child = encode_key(parent), encode_key(child)
-            self._st.dag.link(raw_parent, raw_child)
-            try:
-                await self._writes.relink(raw_child, raw_parent)
-            except TierKVError as exc:
-                self._st.counters.dag_edges_unpersisted += 1
-                log.warning("add_dependency: the edge could not be written into the child's "
-                            "header, it lives in memory only: %s", exc)
+            await self._writes.relink(raw_child, raw_parent)
 
     async def flush(self) -> None:
         """Barrier: every object put before the call is on persistent media when it returns."""

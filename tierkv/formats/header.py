@@ -19,8 +19,8 @@ from typing import Any
 import msgpack
 import xxhash
 
-from tierkv.errors import CorruptObjectError
-from tierkv.formats.value import ObjectMeta, ValueKind, validate_meta
+from tierkv.errors import CorruptObjectError, LimitExceededError
+from tierkv.formats.value import ObjectMeta, ValueKind, shape_limit, validate_meta
 from tierkv.keys import MAX_KEY_SIZE
 
 MAGIC = b"TKVH"
@@ -37,6 +37,8 @@ WIDEST_CHECKSUM = len(msgpack.packb(2**64 - 1))
 MAX_BODY = 1 << 20
 MAX_KEY = MAX_KEY_SIZE
 MAX_PARENTS = 4096
+#: the widest uint a header field holds (the generation and checksum are msgpack uints)
+_WIDEST_UINT = 2**64 - 1
 _FIELDS = 9
 #: msgpack's fixarray header for the body's nine fields
 _ARRAY_OF_FIELDS = bytes([0x90 | _FIELDS])
@@ -63,7 +65,8 @@ class ObjectHeader:
 
 
 def encode_header(header: ObjectHeader) -> bytes:
-    """The header's bytes; `ValueError` for what `decode_header` would refuse (over-long keys)."""
+    """The header's bytes; `LimitExceededError` (a `ValueError`) for what `decode_header` would
+    refuse (`header_limit`, and a body over `MAX_BODY`)."""
     parts = encode_header_parts(header.key, header.meta, header.flags)
     return parts.assemble(header.payload_checksum)
 
@@ -92,16 +95,47 @@ class HeaderParts:
 
 
 def encode_header_parts(key: bytes, meta: ObjectMeta, flags: int = 0) -> HeaderParts:
-    """`encode_header` without the checksum (see `HeaderParts`); the same `ValueError`s."""
-    if not key or len(key) > MAX_KEY or len(meta.parents) > MAX_PARENTS:
-        raise ValueError("header key or parents out of bounds")
-    if any(not parent or len(parent) > MAX_KEY for parent in meta.parents):
-        raise ValueError("header parent key out of bounds")
+    """`encode_header` without the checksum (see `HeaderParts`); the same `LimitExceededError`s.
+    The body is measured with the widest checksum, whichever the payload turns out to have."""
+    if not key or not all(meta.parents):
+        raise ValueError("a header's key and parent keys are never empty")
+    exceeded = header_limit(key, meta)
+    if exceeded is not None:
+        raise exceeded
     # each packed as a short array whose own header (one byte: fixarray) is cut off
     head = msgpack.packb([key, int(meta.kind), meta.dtype, list(meta.shape), meta.nbytes],
                          use_bin_type=True)
     tail = msgpack.packb([list(meta.parents), meta.generation, flags], use_bin_type=True)
-    return HeaderParts(_LEAD, _ARRAY_OF_FIELDS + head[1:], tail[1:])
+    parts = HeaderParts(_LEAD, _ARRAY_OF_FIELDS + head[1:], tail[1:])
+    body = parts.widest_size - PREFIX.size
+    if body > MAX_BODY:
+        # `header_length` refuses it before it is parsed: written, it would be freed as corrupt
+        raise LimitExceededError("header body bytes", MAX_BODY, body)
+    return parts
+
+
+def header_limit(key: bytes, meta: ObjectMeta) -> LimitExceededError | None:
+    """The first bound of the header format (other than the body's size, known once packed)
+    that a header of `key` and `meta` exceeds, as the error that says so; None within them.
+
+    The one statement of these bounds: `encode_header` raises the error, `decode_header` turns
+    it into `CorruptObjectError`, so nothing is written that would not be read back."""
+    if len(key) > MAX_KEY:
+        return LimitExceededError("key bytes", MAX_KEY, len(key))
+    if len(meta.parents) > MAX_PARENTS:
+        return LimitExceededError("parents", MAX_PARENTS, len(meta.parents))
+    longest = max(map(len, meta.parents), default=0)
+    if longest > MAX_KEY:
+        return LimitExceededError("parent key bytes", MAX_KEY, longest)
+    return shape_limit(meta.shape)
+
+
+def check_header(key: bytes, meta: ObjectMeta) -> None:
+    """Raise `LimitExceededError` unless a header of `key` and `meta` can be written and read
+    back whatever generation and payload checksum it is written with later: the check of the
+    public calls, made before anything changes (a write-back put is written to media only at a
+    demotion or a flush, long after it was acknowledged)."""
+    encode_header_parts(key, meta.with_generation(_WIDEST_UINT))
 
 
 def header_length(buf: bytes | bytearray | memoryview) -> int:
@@ -152,13 +186,16 @@ def _header_from_fields(fields: Any) -> ObjectHeader:
         raise CorruptObjectError("header shape is not a tuple of sizes")
     if not all(_is_uint(v) for v in (length, payload_sum, generation, flags)):
         raise CorruptObjectError("header length, checksum, generation or flags is not a uint")
-    if not isinstance(parents, tuple) or len(parents) > MAX_PARENTS:
+    if not isinstance(parents, tuple):
         raise CorruptObjectError("header parents is not a list of keys")
     if not all(isinstance(p, bytes) and p for p in parents):
         raise CorruptObjectError("header parent is not non-empty bytes")
     value_kind = ValueKind(kind)
     validate_meta(value_kind, dtype, shape, length)
     meta = ObjectMeta(value_kind, dtype, shape, length, generation, parents)
+    exceeded = header_limit(key, meta)
+    if exceeded is not None:
+        raise CorruptObjectError(f"header out of bounds: {exceeded}")
     return ObjectHeader(key, meta, payload_sum, flags)
 
 

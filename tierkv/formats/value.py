@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tierkv.errors import CorruptObjectError
+from tierkv.errors import CorruptObjectError, LimitExceededError
 
 Value = bytes | bytearray | memoryview | torch.Tensor
 Payload = memoryview | bytes | bytearray | torch.Tensor
@@ -65,6 +65,16 @@ class ObjectMeta:
         return ObjectMeta(self.kind, self.dtype, self.shape, self.nbytes, generation, self.parents)
 
 
+def shape_limit(shape: tuple[int, ...]) -> LimitExceededError | None:
+    """The bound of the format that `shape` exceeds, as the error that says so, or None.
+
+    The one statement of the bound: encoders raise the error (a value that could be written but
+    never read back is refused), decoders turn it into `CorruptObjectError`."""
+    if len(shape) > MAX_DIMS:
+        return LimitExceededError("tensor dimensions", MAX_DIMS, len(shape))
+    return None
+
+
 def validate_meta(kind: ValueKind, dtype: str, shape: tuple[int, ...], nbytes: int) -> None:
     """Raise `CorruptObjectError` unless kind, dtype, shape and length describe one value."""
     if nbytes < 0:
@@ -76,7 +86,10 @@ def validate_meta(kind: ValueKind, dtype: str, shape: tuple[int, ...], nbytes: i
     torch_dtype = DTYPES.get(dtype)
     if torch_dtype is None:
         raise CorruptObjectError(f"unknown dtype {dtype!r}")
-    if len(shape) > MAX_DIMS or any(d < 0 for d in shape):
+    exceeded = shape_limit(shape)
+    if exceeded is not None:
+        raise CorruptObjectError(str(exceeded))
+    if any(d < 0 for d in shape):
         raise CorruptObjectError(f"bad shape {shape!r}")
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     if math.prod(shape) * itemsize != nbytes:
@@ -91,6 +104,9 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
             raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
         if value.is_sparse or value.layout is not torch.strided:
             raise TypeError("only dense strided tensors can be stored")
+        exceeded = shape_limit(tuple(value.shape))
+        if exceeded is not None:
+            raise exceeded
         resolved = value.detach().resolve_conj().resolve_neg()
         flat = resolved.contiguous().reshape(-1).view(torch.uint8)
         meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
