@@ -184,6 +184,8 @@ async def test_bad_values_and_keys_are_type_errors() -> None:
             await kv.put("k", 12)  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             await kv.put(12, b"v")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await kv.put("k", torch.empty(3, device="meta"))  # shape and dtype, no data
         assert kv.stats()["engine"]["objects"] == 0
 
 

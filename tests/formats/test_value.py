@@ -208,6 +208,11 @@ def test_sparse_tensors_are_refused() -> None:
         encode_value(torch.eye(3).to_sparse())
 
 
+def test_tensors_without_data_are_refused() -> None:
+    with pytest.raises(TypeError):
+        encode_value(torch.empty(3, device="meta"))
+
+
 @pytest.mark.parametrize("value", [None, 1, 1.5, "text", [1, 2], (b"a",), {"a": b"b"}])
 def test_non_tensor_values_are_refused(value: object) -> None:
     with pytest.raises(TypeError):

@@ -104,6 +104,10 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
             raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
         if value.is_sparse or value.layout is not torch.strided:
             raise TypeError("only dense strided tensors can be stored")
+        if value.is_meta:
+            # shape and dtype without storage: there are no bytes to copy, and the tiers' copies
+            # would fail deep inside with torch's NotImplementedError
+            raise TypeError("a tensor on the meta device has no data to store")
         exceeded = shape_limit(tuple(value.shape))
         if exceeded is not None:
             raise exceeded
