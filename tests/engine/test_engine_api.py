@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from pathlib import Path
 
@@ -187,6 +188,28 @@ async def test_bad_values_and_keys_are_type_errors() -> None:
         with pytest.raises(TypeError):
             await kv.put("k", torch.empty(3, device="meta"))  # shape and dtype, no data
         assert kv.stats()["engine"]["objects"] == 0
+
+
+@pytest.mark.parametrize(
+    ("slo", "error"),
+    [
+        pytest.param(True, TypeError, id="bool"),
+        pytest.param("1", TypeError, id="str"),
+        pytest.param(0, ValueError, id="zero"),
+        pytest.param(-1.0, ValueError, id="negative"),
+        pytest.param(math.nan, ValueError, id="nan"),
+        pytest.param(math.inf, ValueError, id="inf"),
+        pytest.param(10**400, ValueError, id="int-beyond-a-float"),
+    ],
+)
+async def test_a_latency_slo_that_is_not_a_positive_finite_number_is_refused(
+    slo: object, error: type[Exception]
+) -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put("k", b"old")
+        with pytest.raises(error):
+            await kv.put("k", b"new", latency_slo=slo)  # type: ignore[arg-type]
+        assert await kv.get("k") == b"old"
 
 
 async def test_unclosed_engine_warns() -> None:

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import math
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,6 +73,22 @@ if TYPE_CHECKING:
 
 KeyT = TypeVar("KeyT", bound=Key)
 ValueT = TypeVar("ValueT", bound=Value)
+
+
+def _slo_seconds(latency_slo: object) -> float:
+    """`put`'s `latency_slo` as seconds: `TypeError` for what is not a real number (a bool is
+    not one, though Python counts it as an int), `ValueError` for one that is not positive and
+    finite (an int too large for a float included)."""
+    if isinstance(latency_slo, bool) or not isinstance(latency_slo, numbers.Real):
+        raise TypeError(f"latency_slo is a number of seconds, not a {type(latency_slo).__name__}")
+    try:
+        seconds = float(latency_slo)
+    except OverflowError:  # math.isfinite would raise it too, for an int beyond a float
+        seconds = math.inf
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"latency_slo must be a positive, finite number of seconds, not "
+                         f"{latency_slo!r:.40}")
+    return seconds
 
 
 class Engine(ReadCalls):
@@ -209,8 +226,9 @@ class Engine(ReadCalls):
         derived from `key` so far (durably, before the call returns; a cancelled put whose value
         is in place finishes that first).
 
-        `latency_slo` (seconds per read), if given, places the object in the slowest tier whose
-        measured profile reads it that fast at its access frequency
+        `latency_slo` (seconds per read, a positive finite real number: `TypeError` for a
+        bool or another type, `ValueError` for the rest), if given, places the object in the
+        slowest tier whose measured profile reads it that fast at its access frequency
         (`tierkv.scheduler.select_tier`); without it, it enters the first tier that can hold it
         and its LRU++ score decides where it lives from then on. With ``write_back`` the call
         returns once the first tier that can hold the object holds it; with ``write_through`` once a
@@ -227,8 +245,8 @@ class Engine(ReadCalls):
             derived.append(version_key(key.model))  # last: the first parent names the prefix
         meta, payload = encode_value(value, parents=tuple(derived))
         check_header(raw, meta)  # refused now, not when a flush or a demotion writes it down
-        if latency_slo is not None and not (latency_slo > 0 and math.isfinite(latency_slo)):
-            raise ValueError("latency_slo must be a positive number of seconds")
+        if latency_slo is not None:
+            latency_slo = _slo_seconds(latency_slo)
         with self._span(PUT, raw) as span:
             async with self._call():
                 if latency_slo is not None and st.scheduler.profiles is None:
