@@ -348,6 +348,24 @@ def test_block_keys_refuses_a_model_without_a_utf8_form(text: str) -> None:
     _not_utf8_error(info)
 
 
+@pytest.mark.parametrize("model", [b"m@1", 1, ["m@1"]])
+def test_a_model_name_that_is_not_a_str_is_a_type_error(model: object) -> None:
+    with pytest.raises(TypeError):
+        block_keys([1, 2], block_size=2, model=model, rope_theta=THETA)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        BlockKey(bytes(DIGEST_SIZE), 2, THETA, model)  # type: ignore[arg-type]
+
+
+async def test_invalidate_model_of_a_name_that_is_not_a_str_is_a_type_error() -> None:
+    l1 = {"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "4MiB", "slot_size": "1MiB"}
+    async with tierkv.open({"tiers": [l1]}) as kv:
+        await kv.put_many([(key, b"v") for key in _keys(list(range(8)), 4, model="m@1")])
+        with pytest.raises(TypeError):
+            await kv.invalidate_model(b"m@1")  # type: ignore[arg-type]
+        assert kv.stats()["engine"]["objects"] == 2
+        assert await kv.invalidate_model("m@1") == 2
+
+
 async def test_every_engine_key_argument_refuses_a_str_without_a_utf8_form() -> None:
     bad = NOT_UTF8[0]
     l1 = {"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "4MiB", "slot_size": "1MiB"}

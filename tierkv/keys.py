@@ -61,6 +61,9 @@ class BlockKey:
             finite = False
         if not finite:
             raise ValueError("BlockKey.rope_theta must be a finite number")
+        if self.model is not None and not isinstance(self.model, str):
+            # a put would fail on it only when it hangs the block under the model version
+            raise TypeError(f"BlockKey.model is a str or None, not a {type(self.model).__name__}")
 
 
 Key = BlockKey | bytes | str
@@ -80,9 +83,9 @@ def block_keys(
     token ids), truncated to 16 bytes. Every length is framed, so no two different inputs share the
     hashed byte string.
 
-    Raises `TypeError` for a token id that is not an int, and `ValueError` for one outside the
-    signed 64-bit range, a `block_size` below 1 or a `model` with no UTF-8 form
-    (`LimitExceededError` for one longer than a key).
+    Raises `TypeError` for a token id that is not an int or a `model` that is not a str, and
+    `ValueError` for a token id outside the signed 64-bit range, a `block_size` below 1 or a
+    `model` with no UTF-8 form (`LimitExceededError` for one longer than a key).
     """
     if block_size <= 0:
         raise ValueError("block_size must be positive")
@@ -126,6 +129,9 @@ def _bad_token(block: Sequence[int], start: int) -> TypeError | ValueError:
 
 
 def _utf8(text: str, what: str) -> bytes:
+    if not isinstance(text, str):
+        # str.encode would be looked up on it: an AttributeError that names no argument
+        raise TypeError(f"{what} is a str, not a {type(text).__name__}")
     try:
         return text.encode()
     except UnicodeEncodeError as exc:

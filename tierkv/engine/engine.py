@@ -317,7 +317,8 @@ class Engine(ReadCalls):
 
     async def invalidate_model(self, model: str) -> int:
         """Remove every block computed with the weights `model` ("name@revision": the `model`
-        given to `block_keys`), and everything derived from them; returns how many objects."""
+        given to `block_keys`), and everything derived from them; returns how many objects.
+        `TypeError` for a `model` that is not a str."""
         with self._span(INVALIDATE_MODEL) as span:
             async with self._call():
                 removed = await self._invalidations.descendants(version_key(model), barrier=True)
