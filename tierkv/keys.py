@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from tierkv.errors import CorruptObjectError, LimitExceededError
@@ -161,6 +161,15 @@ def encode_key(key: Key) -> bytes:
     if len(raw) > MAX_KEY_SIZE:  # one byte goes to the domain tag
         raise LimitExceededError("key bytes", MAX_KEY_SIZE - 1, len(raw) - 1)
     return raw
+
+
+def key_list(keys: Iterable[Key], what: str) -> list[Key]:
+    """`keys` (the argument `what` of a call that takes many keys) as a list, iterated once: a
+    generator cannot be iterated twice. `TypeError` for one key where many are expected: a
+    `str` or `bytes` would otherwise be taken as the keys of its characters or byte values."""
+    if isinstance(keys, str | bytes | bytearray | memoryview | BlockKey):
+        raise TypeError(f"{what} is an iterable of keys, not a single {type(keys).__name__}")
+    return list(keys)
 
 
 def decode_key(raw: bytes) -> Key:

@@ -93,6 +93,33 @@ async def test_put_many_and_get_many_keep_order() -> None:
         assert got == [bytes([4]), None, bytes([0]), b"2"]
 
 
+async def test_calls_that_take_many_keys_take_any_iterable_once() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put_many((f"k{i}", bytes([i])) for i in range(3))
+        await kv.put("child", b"c", parents=(f"k{i}" for i in range(2)))
+        keys = ["k2", "nope", "k0"]
+        assert await kv.get_many(key for key in keys) == [bytes([2]), None, bytes([0])]
+        assert await kv.get_many(iter(keys)) == [bytes([2]), None, bytes([0])]
+        await kv.prefetch(key for key in keys)
+        assert await kv.invalidate("k1") == 2  # the generator's parents were linked
+
+
+async def test_one_key_where_many_are_expected_is_a_type_error() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        await kv.put_many({"a": b"A", "b": b"B"})
+        # a str or bytes would be taken as the keys of its characters (or byte values)
+        with pytest.raises(TypeError):
+            await kv.get_many("ab")
+        with pytest.raises(TypeError):
+            await kv.get_many(b"ab")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await kv.prefetch("ab")
+        with pytest.raises(TypeError):
+            await kv.put("c", b"C", parents="ab")
+        assert not await kv.contains("c")
+        assert kv.metrics().dag_edges == 0
+
+
 async def test_full_l1_evicts_least_recently_used() -> None:
     async with tierkv.open(l1_config(capacity="16KiB", slot_size="4KiB")) as kv:
         for i in range(4):

@@ -10,7 +10,7 @@ its span. Apart from `engine.py` only to keep each file to one idea and a readab
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from time import perf_counter
 from typing import TYPE_CHECKING
 
@@ -21,7 +21,7 @@ from tierkv.engine._reads import Found, Reads
 from tierkv.engine._state import EngineState
 from tierkv.engine._tracing import GET, GET_MANY, Tracing, traced_get
 from tierkv.formats.value import decode_value
-from tierkv.keys import Key, encode_key
+from tierkv.keys import Key, encode_key, key_list
 from tierkv.tiers.base import Tier
 
 if TYPE_CHECKING:
@@ -88,12 +88,14 @@ class ReadCalls:
                        0 if found is None else found[0].nbytes)
             return value
 
-    async def get_many(self, keys: Sequence[Key]) -> list[bytes | torch.Tensor | None]:
+    async def get_many(self, keys: Iterable[Key]) -> list[bytes | torch.Tensor | None]:
         """`get` of every key, results in order; lower-tier reads run concurrently, at most the
         lower tiers' queue depth at once. Under ``lru++`` the next `scheduler.prefetch_depth`
-        known blocks of the chain after the leading run of hits are warmed in the background."""
+        known blocks of the chain after the leading run of hits are warmed in the background.
+        `keys` may be any iterable (a generator too); a single key is a `TypeError`."""
         st = self._st
         started = perf_counter()
+        keys = key_list(keys, "get_many's keys")  # iterated again below, with the results
         raws = [encode_key(key) for key in keys]
         with self._span(GET_MANY) as span:
             async with self._call():
@@ -114,9 +116,11 @@ class ReadCalls:
     async def prefetch(self, keys: Iterable[Key]) -> int:
         """Warm `keys` into the first tier in the background, through the move executor and
         its byte budget; returns how many moves were started (keys absent, already on top or
-        busy are skipped). Returns without waiting for the moves: `settle` waits for them."""
+        busy are skipped). Returns without waiting for the moves: `settle` waits for them.
+        A single key is a `TypeError`."""
+        raws = [encode_key(key) for key in key_list(keys, "prefetch's keys")]
         async with self._call():
-            return self._reads.prefetch([encode_key(key) for key in keys])
+            return self._reads.prefetch(raws)
 
     async def contains(self, key: Key) -> bool:
         self._check_open()

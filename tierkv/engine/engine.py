@@ -64,7 +64,7 @@ from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
 from tierkv.formats.value import Value, encode_value
-from tierkv.keys import BlockKey, Key, encode_key, version_key
+from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
 from tierkv.metrics.snapshot import EngineMetrics
 from tierkv.tiers.base import Tier
 
@@ -240,7 +240,7 @@ class Engine(ReadCalls):
         started = perf_counter()
         st = self._st
         raw = encode_key(key)
-        derived = [encode_key(p) for p in parents]
+        derived = [encode_key(p) for p in key_list(parents, "put's parents")]
         if isinstance(key, BlockKey) and key.model is not None:
             derived.append(version_key(key.model))  # last: the first parent names the prefix
         meta, payload = encode_value(value, parents=tuple(derived))
