@@ -204,8 +204,42 @@ def test_decode_key_of_arbitrary_bytes_round_trips_or_raises(raw: bytes) -> None
 @FAST
 @given(digests, st.integers(min_value=0, max_value=2**64 - 1), finite_floats)
 def test_decode_key_of_block_shaped_bytes(digest: bytes, length: int, theta: float) -> None:
-    raw = b"\x01" + digest + struct.pack("<Qd", length, theta)
+    raw = b"\x01" + digest + struct.pack("<Qd", length, theta + 0.0)  # -0.0: see below
     assert decode_key(raw) == BlockKey(digest, length, theta)
+
+
+@pytest.mark.parametrize(("a", "b"), [(0.0, -0.0), (0, -0.0), (2**53, 2**53 + 1), (10, 10.0)])
+def test_equal_block_keys_encode_equally_and_unequal_ones_differently(
+    a: float, b: float
+) -> None:
+    """The encoding is the object's identity: two keys address one object exactly when they
+    are equal (and hash alike). Of these pairs Python compares some equal and some not; the
+    encoding's float64 cannot tell them apart, so the keys are equal."""
+    digest = bytes(range(DIGEST_SIZE))
+    left, right = BlockKey(digest, 1, a), BlockKey(digest, 1, b)
+    assert left == right and hash(left) == hash(right)
+    assert encode_key(left) == encode_key(right)
+    other = BlockKey(digest, 1, 1.0)
+    assert other != left and encode_key(other) != encode_key(left)
+    assert block_keys([1, 2], block_size=2, model=MODEL, rope_theta=a) == block_keys(
+        [1, 2], block_size=2, model=MODEL, rope_theta=b)
+
+
+def test_decode_key_refuses_the_encoding_of_negative_zero_theta() -> None:
+    # no key encodes to it, so decoding it would not round trip
+    raw = b"\x01" + bytes(DIGEST_SIZE) + struct.pack("<Qd", 1, -0.0)
+    with pytest.raises(CorruptObjectError):
+        decode_key(raw)
+
+
+async def test_equal_block_keys_address_one_object() -> None:
+    digest = bytes(range(DIGEST_SIZE))
+    l1 = {"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "4MiB", "slot_size": "1MiB"}
+    async with tierkv.open({"tiers": [l1]}) as kv:
+        await kv.put(BlockKey(digest, 1, 0.0), b"zero")
+        assert await kv.get(BlockKey(digest, 1, -0.0)) == b"zero"
+        await kv.put(BlockKey(digest, 1, -0.0), b"again")
+        assert kv.stats()["engine"]["objects"] == 1
 
 
 @pytest.mark.parametrize("theta", [math.nan, math.inf, -math.inf])

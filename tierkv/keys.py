@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,8 @@ class BlockKey:
 
     `digest` (16 bytes) chains the namespace salt, the model id, the parent block's digest and this
     block's token ids, so equal digests mean equal prefixes. `context_length` is the number of
-    tokens the key covers; `rope_theta` keeps different position encodings apart.
+    tokens the key covers; `rope_theta` keeps different position encodings apart (held as the
+    float the encoding packs, -0.0 as 0.0, so that equal keys are one object: `_rope_theta`).
     """
 
     digest: bytes
@@ -52,18 +54,30 @@ class BlockKey:
             raise TypeError("BlockKey.context_length must be an int")
         if not 0 <= self.context_length < 2**64:
             raise ValueError("BlockKey.context_length must be a non-negative 64-bit int")
-        theta = self.rope_theta
-        if isinstance(theta, bool) or not isinstance(theta, int | float):
-            raise ValueError("BlockKey.rope_theta must be a finite number")
-        try:
-            finite = math.isfinite(theta)
-        except OverflowError:  # an int too large for a float
-            finite = False
-        if not finite:
-            raise ValueError("BlockKey.rope_theta must be a finite number")
+        object.__setattr__(self, "rope_theta", _rope_theta(self.rope_theta))
         if self.model is not None and not isinstance(self.model, str):
             # a put would fail on it only when it hangs the block under the model version
             raise TypeError(f"BlockKey.model is a str or None, not a {type(self.model).__name__}")
+
+
+def _rope_theta(theta: object) -> float:
+    """`theta` as the float a `BlockKey` holds and its encoding packs; `ValueError` unless it is
+    a finite number.
+
+    Two keys must be equal exactly when their encodings are (the encoding is the object's
+    identity below the API, equality and hashing are the caller's): the encoding packs the
+    float64, and among finite floats only 0.0 and -0.0 compare equal with different bits, so
+    -0.0 becomes 0.0; NaN, never equal even to itself, is refused; an int, which Python compares
+    exactly but the encoding rounds, becomes the float it is stored as."""
+    if isinstance(theta, bool) or not isinstance(theta, numbers.Real):
+        raise ValueError("BlockKey.rope_theta must be a finite number")
+    try:
+        value = float(theta)
+    except OverflowError:  # an int too large for a float
+        value = math.inf
+    if not math.isfinite(value):
+        raise ValueError("BlockKey.rope_theta must be a finite number")
+    return value + 0.0  # -0.0 + 0.0 is 0.0; every other float is unchanged
 
 
 Key = BlockKey | bytes | str
@@ -99,7 +113,7 @@ def block_keys(
         + namespace
         + struct.pack("<I", len(model_bytes))
         + model_bytes
-        + struct.pack("<d", float(rope_theta))
+        + struct.pack("<d", _rope_theta(rope_theta))
     ).digest()
     keys: list[BlockKey] = []
     parent = b"\x00" * DIGEST_SIZE
@@ -113,7 +127,7 @@ def block_keys(
             raise _bad_token(block, end - block_size) from None
         hasher.update(packed)
         parent = hasher.digest()[:DIGEST_SIZE]
-        keys.append(BlockKey(parent, end, float(rope_theta), model))
+        keys.append(BlockKey(parent, end, rope_theta, model))
     return keys
 
 
@@ -150,7 +164,7 @@ def encode_key(key: Key) -> bytes:
     """
     if isinstance(key, BlockKey):
         return bytes((_TAG_BLOCK,)) + key.digest + _BLOCK_TAIL.pack(
-            key.context_length, float(key.rope_theta)
+            key.context_length, key.rope_theta
         )
     if isinstance(key, str):
         raw = bytes((_TAG_STR,)) + _utf8(key, "a str key")
@@ -186,6 +200,9 @@ def decode_key(raw: bytes) -> Key:
             raise CorruptObjectError("str key is not UTF-8") from exc
     if tag == _TAG_BLOCK and len(raw) == _BLOCK_ENCODED_SIZE:
         length, theta = _BLOCK_TAIL.unpack_from(raw, 1 + DIGEST_SIZE)
+        if theta == 0 and math.copysign(1.0, theta) < 0:
+            # no key encodes to it (`_rope_theta`): decoded, it would encode to other bytes
+            raise CorruptObjectError("block key with rope_theta -0.0 is not canonical")
         try:
             return BlockKey(raw[1 : 1 + DIGEST_SIZE], length, theta)
         except (TypeError, ValueError) as exc:
