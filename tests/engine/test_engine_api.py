@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
 import math
 import os
 from pathlib import Path
+from typing import Any, cast
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 import torch
+from typing_extensions import Buffer
 
 import tierkv
 from tests.engine.conftest import l1_config
@@ -50,6 +55,34 @@ async def test_values_round_trip_with_kind_dtype_and_shape() -> None:
         tensor.fill_(0)  # the engine kept its own copy
         still = await kv.get("t")
         assert isinstance(still, torch.Tensor) and not torch.equal(still, tensor)
+
+
+def numpy_buffer(data: npt.NDArray[Any]) -> Buffer:
+    """`data` as the buffer it is at run time (numpy's stubs declare its `__buffer__` for
+    Python 3.12 on only)."""
+    return cast(Buffer, data)
+
+
+async def test_any_c_contiguous_buffer_is_a_bytes_value_snapshotted_at_put() -> None:
+    async with tierkv.open(l1_config(capacity="4MiB", slot_size="64KiB")) as kv:
+        # 512 KiB and more are copied by the native worker threads (host_copies = "auto")
+        for size in (10, 100_000, 700_000):
+            values: dict[str, Buffer] = {
+                "numpy": numpy_buffer(np.frombuffer(os.urandom(size), dtype=np.uint8).copy()),
+                "array": array.array("B", os.urandom(size)),
+                "bytearray": bytearray(os.urandom(size)),
+            }
+            for name, value in values.items():
+                before = bytes(value)
+                await kv.put(f"{name}{size}", value)
+                memoryview(value).cast("B")[:] = bytes(size)  # the source changes after put
+                assert await kv.get(f"{name}{size}") == before
+        matrix = np.arange(12, dtype=np.float32).reshape(3, 4)
+        await kv.put("matrix", numpy_buffer(matrix))
+        assert await kv.get("matrix") == matrix.tobytes()
+        with pytest.raises(TypeError):
+            await kv.put("fortran", numpy_buffer(np.asfortranarray(matrix)))
+        assert not await kv.contains("fortran")
 
 
 async def test_bytes_and_str_keys_are_distinct() -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import array
+import ctypes
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typing_extensions import Buffer
 
 from tierkv import CorruptObjectError, LimitExceededError
 from tierkv.formats.value import (
@@ -84,6 +87,48 @@ def test_memoryview_of_other_formats_is_flattened_to_bytes() -> None:
     matrix = memoryview(bytes(range(6))).cast("B", (2, 3))
     meta, payload = encode_value(matrix)
     assert _through_bytes(meta, payload) == bytes(range(6))
+
+
+def _ctypes_ints() -> ctypes.Array[ctypes.c_int]:
+    return (ctypes.c_int * 4)(1, 2, 3, 4)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(np.arange(1000, dtype=np.uint8), id="numpy-uint8"),
+        pytest.param(np.arange(20, dtype=np.float64).reshape(4, 5), id="numpy-2d"),
+        pytest.param(np.arange(4, dtype=">f8"), id="numpy-big-endian"),
+        pytest.param(np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]), id="numpy-structured"),
+        pytest.param(np.array(3.0), id="numpy-0-dim"),
+        pytest.param(np.empty((0, 5)), id="numpy-empty"),
+        pytest.param(array.array("i", [1, 2, 3]), id="array.array"),
+        pytest.param(_ctypes_ints(), id="ctypes"),
+        pytest.param(np.arange(20.0).reshape(4, 5).data, id="memoryview-2d"),
+    ],
+)
+def test_any_c_contiguous_buffer_is_stored_as_its_raw_bytes(value: Buffer) -> None:
+    raw = memoryview(value).tobytes()
+    meta, payload = encode_value(value)
+    assert meta == ObjectMeta(ValueKind.BYTES, "", (), len(raw))
+    for decoded in (decode_value(meta, payload), _through_bytes(meta, payload)):
+        assert type(decoded) is bytes and decoded == raw
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param(np.asfortranarray(np.arange(20.0).reshape(4, 5)), id="numpy-fortran"),
+        pytest.param(np.asfortranarray(np.arange(20.0).reshape(4, 5)).data,
+                     id="memoryview-fortran"),
+        pytest.param(np.arange(10)[::2], id="numpy-strided"),
+        pytest.param(memoryview(b"abcdef")[::2], id="memoryview-strided"),
+    ],
+)
+def test_a_buffer_that_is_not_c_contiguous_is_refused(value: Buffer) -> None:
+    # Fortran order is contiguous, but its bytes in memory are not the value's in order
+    with pytest.raises(TypeError):
+        encode_value(value)
 
 
 @FAST

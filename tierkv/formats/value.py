@@ -1,10 +1,12 @@
 """Value codec: bytes-like objects and torch tensors to a flat payload and back, without pickle.
 
-A value becomes (`ObjectMeta`, payload). The payload of a bytes-like value is a `memoryview` of it
-(no copy); the payload of a tensor is its storage viewed as a flat ``uint8`` tensor on the tensor's
-own device (one copy only when the tensor is not contiguous). `decode_value` rebuilds the value
-from a payload and its meta: `bytes` for bytes-like values, a tensor of the recorded dtype and
-shape for tensors. Only dtypes named in `DTYPES` exist on media; anything else is refused.
+A value becomes (`ObjectMeta`, payload). A bytes-like value is any C-contiguous buffer (bytes,
+bytearray, memoryview, a numpy array, an `array.array`, ...); its payload is a flat `memoryview`
+of its raw bytes (no copy); the payload of a tensor is its storage viewed as a flat ``uint8``
+tensor on the tensor's own device (one copy only when the tensor is not contiguous).
+`decode_value` rebuilds the value from a payload and its meta: `bytes` for bytes-like values, a
+tensor of the recorded dtype and shape for tensors. Only dtypes named in `DTYPES` exist on
+media; anything else is refused.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+from typing_extensions import Buffer
 
 from tierkv.errors import CorruptObjectError, LimitExceededError
 
-Value = bytes | bytearray | memoryview | torch.Tensor
+#: what `encode_value` stores: any C-contiguous buffer (stored as its raw bytes) or a tensor
+Value = Buffer | torch.Tensor
 Payload = memoryview | bytes | bytearray | torch.Tensor
 
 
@@ -115,13 +119,29 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
         flat = resolved.contiguous().reshape(-1).view(torch.uint8)
         meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
         return meta, flat
-    if isinstance(value, bytes | bytearray | memoryview):
+    view = _byte_view(value)
+    return ObjectMeta(ValueKind.BYTES, "", (), view.nbytes, 0, parents), view
+
+
+def _byte_view(value: Buffer) -> memoryview:
+    """A flat ``B`` view of any C-contiguous buffer (bytes, bytearray, memoryview, a numpy
+    array, an `array.array`, a ctypes array, ...): its raw bytes, in memory order, not copied
+    (the tiers copy them before a put returns). `TypeError` for what is no buffer and for a
+    buffer that is not C-contiguous (a Fortran-ordered or strided one): its bytes in memory
+    are not the value's in order."""
+    try:
         view = memoryview(value)
-        if not view.contiguous:
-            raise TypeError("a bytes-like value must be contiguous")
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-        return ObjectMeta(ValueKind.BYTES, "", (), view.nbytes, 0, parents), view
-    raise TypeError(f"a value is bytes-like or a torch.Tensor, not {type(value).__name__}")
+    except TypeError:
+        raise TypeError(f"a value is bytes-like (a buffer) or a torch.Tensor, not "
+                        f"{type(value).__name__}") from None
+    if not view.c_contiguous:
+        raise TypeError("a bytes-like value must be C-contiguous (bytes(value) or "
+                        "numpy.ascontiguousarray(value) makes a copy that is)")
+    if view.format == "B" and view.ndim == 1:
+        return view
+    if view.nbytes == 0:
+        return memoryview(b"")  # memoryview refuses to cast a shape with a zero in it
+    return view.cast("B")
 
 
 def payload_view(payload: Payload) -> memoryview:
