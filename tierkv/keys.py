@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from tierkv.errors import CorruptObjectError, LimitExceededError
 
 DIGEST_SIZE = 16
-#: longest canonical key (and parent key) an object header can carry
-MAX_KEY_SIZE = 1 << 16
+#: longest canonical key (and parent key) an object header and a tombstone record (a 16-bit
+#: length) can carry
+MAX_KEY_SIZE = (1 << 16) - 1
 
 _TAG_BLOCK = 0x01
 _TAG_BYTES = 0x02

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierkv import CorruptObjectError
+from tierkv import CorruptObjectError, LimitExceededError
 from tierkv.formats.tombstones import MAX_KEY, decode_tombstones, encode_tombstones
+from tierkv.keys import MAX_KEY_SIZE, encode_key
 
 bounds_strategy = st.dictionaries(st.binary(min_size=1, max_size=64),
                                   st.integers(min_value=0, max_value=2**64 - 1), max_size=20)
@@ -43,6 +44,15 @@ def test_trailing_bytes_a_foreign_magic_and_a_repeated_key_are_refused() -> None
 def test_a_key_too_long_for_the_layout_is_refused_when_encoding() -> None:
     with pytest.raises(ValueError, match="longer than"):
         encode_tombstones({b"k" * (MAX_KEY + 1): 1})
+
+
+def test_the_longest_key_the_engine_makes_fits_a_record() -> None:
+    """A delete a device refuses is recorded by its canonical key: any key `encode_key`
+    accepts must fit, or every flush would fail on it."""
+    longest = encode_key(b"k" * (MAX_KEY_SIZE - 1))  # one byte goes to the domain tag
+    assert decode_tombstones(encode_tombstones({longest: 7})) == {longest: 7}
+    with pytest.raises(LimitExceededError):
+        encode_key(b"k" * MAX_KEY_SIZE)
 
 
 def test_a_record_is_read_only_under_its_own_magic() -> None:

@@ -22,13 +22,14 @@ import struct
 from collections.abc import Mapping
 
 from tierkv.errors import CorruptObjectError
+from tierkv.keys import MAX_KEY_SIZE
 
 MAGIC = b"TKTB"
 UNPUBLISHED_MAGIC = b"TKUP"
 _HEAD = struct.Struct("<4sI")
 _ENTRY = struct.Struct("<QH")
-#: longest key a record holds (canonical keys are far shorter)
-MAX_KEY = 0xFFFF
+#: longest key a record holds: any canonical key (its length is a u16)
+MAX_KEY = MAX_KEY_SIZE
 
 
 def encode_tombstones(bounds: Mapping[bytes, int], magic: bytes = MAGIC) -> bytes:
