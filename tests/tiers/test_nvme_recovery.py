@@ -181,3 +181,33 @@ async def test_reopen_after_scan_then_checkpoint(tmp_path: Path, reopened: list[
     assert {r.key for r in recovered} == set(datas) | set(more)
     await _check(again, {**datas, **more})
     assert find_unique(image, b"more data") > SUPERBLOCK_SIZE
+
+
+async def test_a_sparse_log_is_allocated_in_full_at_open(
+    tmp_path: Path, reopened: list[NvmeTier]
+) -> None:
+    """A log copied or restored sparse (its unused regions holes) gets its blocks at open, as a
+    new one does: a region write must never meet a full file system later."""
+    config = nvme_config(tmp_path, regions=8)
+    tier = NvmeTier(config)
+    await tier.open()
+    datas = await _fill(tier, 20)  # the first region; the rest stay zeros
+    await tier.close()
+    sparse = tmp_path / "sparse.log"
+    data = config.path.read_bytes()
+    with sparse.open("wb") as out:  # what `cp --sparse=always` writes: no block of zeros
+        for offset in range(0, len(data), 4096):
+            block = data[offset:offset + 4096]
+            if block.count(0) != len(block):
+                out.seek(offset)
+                out.write(block)
+        out.truncate(len(data))
+    size = sparse.stat().st_size
+    assert sparse.stat().st_blocks * 512 < size  # holes where the unused regions are
+    sparse.replace(config.path)
+
+    again = NvmeTier(config)
+    reopened.append(again)
+    await again.open()
+    assert config.path.stat().st_blocks * 512 >= size
+    await _check(again, datas)

@@ -37,6 +37,19 @@ from tierkv.tiers.nvme._scan import scan_regions
 from tierkv.tiers.nvme._state import LogState, log
 
 
+def _allocate(device: Device, need: int) -> None:
+    """Give a file log blocks for all of its `need` bytes now: a region write must never find
+    the file system full later (ENOSPC would leave the log unable to take demotions, and every
+    put waiting for room). Blocks already allocated cost nothing; a block device has them."""
+    if device.block_device:
+        return
+    try:
+        os.posix_fallocate(device.fd, 0, need)
+    except OSError as exc:
+        raise DeviceError(f"{device.path}: cannot allocate {need} bytes for the log: "
+                          f"{exc.strerror}") from exc
+
+
 @dataclass(frozen=True, slots=True)
 class _Unusable:
     """Why the media holds no usable log."""
@@ -61,6 +74,7 @@ class NvmeRecovery:
         if not device.created and device.size > 0:
             found = await self._read_superblock(device)
             if isinstance(found, Superblock):
+                _allocate(device, need)  # a copied or restored log may be sparse
                 st.sb = found
                 st.reset_index()  # for the log's granularity
                 await self._recover(found)
@@ -111,10 +125,10 @@ class NvmeRecovery:
         if not device.block_device:
             try:
                 os.ftruncate(device.fd, need)
-                os.posix_fallocate(device.fd, 0, need)
             except OSError as exc:
                 raise DeviceError(f"{device.path}: cannot size the file to {need} bytes: "
                                   f"{exc.strerror}") from exc
+        _allocate(device, need)
         sb = Superblock(st.config.region_size, st.config.capacity, st.region_count,
                         new_uuid(), device.alignment)
         # A reformatted device may hold regions of the old uuid; they are ignored by the scan.
