@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
+from tierkv._units import format_size
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.nvme_layout import (
     SUPERBLOCK_SIZE,
@@ -39,8 +40,8 @@ from tierkv.tiers.nvme._state import LogState, log
 
 def _allocate(device: Device, need: int) -> None:
     """Give a file log blocks for all of its `need` bytes now: a region write must never find
-    the file system full later (ENOSPC would leave the log unable to take demotions, and every
-    put waiting for room). Blocks already allocated cost nothing; a block device has them."""
+    the file system full later (ENOSPC fails that region's flush). Blocks already allocated
+    cost nothing; a block device has them."""
     if device.block_device:
         return
     try:
@@ -48,6 +49,31 @@ def _allocate(device: Device, need: int) -> None:
     except OSError as exc:
         raise DeviceError(f"{device.path}: cannot allocate {need} bytes for the log: "
                           f"{exc.strerror}") from exc
+
+
+def _fill_holes(device: Device, need: int) -> None:
+    """`_allocate` for a log being recovered, which may have been copied or restored sparse.
+    Where its file system no longer has room for the holes, the log still opens with what it
+    holds (a warm cache is worth more than a refusal): a warning says that a region write may
+    then fail for want of space (its flush raises; nothing acknowledged is lost)."""
+    if device.block_device:
+        return
+    stat = os.fstat(device.fd)
+    missing = need - stat.st_blocks * 512
+    if missing <= 0:
+        return
+    fs = os.fstatvfs(device.fd)
+    free = fs.f_bavail * fs.f_frsize
+    if free >= missing:
+        try:
+            os.posix_fallocate(device.fd, 0, need)
+            return
+        except OSError as exc:
+            reason = exc.strerror
+    else:
+        reason = f"its file system has {format_size(free)} free"
+    log.warning("%s: the log file lacks blocks for %s of its %s (%s): a region write may fail "
+                "for want of space", device.path, format_size(missing), format_size(need), reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +100,7 @@ class NvmeRecovery:
         if not device.created and device.size > 0:
             found = await self._read_superblock(device)
             if isinstance(found, Superblock):
-                _allocate(device, need)  # a copied or restored log may be sparse
+                _fill_holes(device, need)  # a copied or restored log may be sparse
                 st.sb = found
                 st.reset_index()  # for the log's granularity
                 await self._recover(found)
