@@ -222,6 +222,29 @@ async def test_invalidate_model_reaches_the_other_engine(pair: list[tierkv.Engin
         same(got, block(len(shared_blocks) + i))
 
 
+@pytest.mark.parametrize("call", ["invalidate", "invalidate_model"])
+async def test_a_cancelled_invalidation_still_reaches_the_other_engine(
+        pair: list[tierkv.Engine], call: str) -> None:
+    """Cancelled after it removed something here, an invalidation goes on to its end: the
+    other engine must not keep serving what this one no longer does."""
+    a, b = pair
+    keys = chain(3, 3)
+    for turn in range(8):  # the cancellation lands at a different await each turn
+        await a.put_many((key, block(i)) for i, key in enumerate(keys))
+        await a.settle()
+        assert all(got is not None for got in await b.get_many(keys))
+        await b.settle()
+        invalidation = asyncio.create_task(
+            a.invalidate(keys[0]) if call == "invalidate" else a.invalidate_model("m@1"))
+        for _ in range(turn):
+            await asyncio.sleep(0)
+        invalidation.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await invalidation
+        if await a.get_many(keys) == [None] * 3:  # it went through here: the fleet was told
+            await eventually(lambda: dropped(b, *keys))
+
+
 async def test_an_overwrite_reaches_the_other_engine(pair: list[tierkv.Engine]) -> None:
     a, b = pair
     await a.put(b"K", b"v1")

@@ -36,9 +36,19 @@ class Invalidations:
 
     async def invalidate(self, key: bytes, *, local: bool = False) -> int:
         """Remove `key` (if stored) and everything derived from it; how many objects went.
-        `local`: another engine published it (see the module)."""
+        `local`: another engine published it (see the module). Runs to its end even if the
+        caller is cancelled meanwhile: cut short, it would leave some of the objects removed
+        and the fleet told of none (`overwritten` has the same reason)."""
+        return await outlive_cancel(self._invalidate(key, local))
+
+    async def _invalidate(self, key: bytes, local: bool) -> int:
         removed = int(await self._writes.delete(key, keep_shared=local))
         return removed + await self.descendants(key, local=local, barrier=True)
+
+    async def below(self, key: bytes) -> int:
+        """Remove everything derived from `key`, a node that holds no value (a model version,
+        `invalidate_model`), to its end whatever the caller (see `invalidate`); how many."""
+        return await outlive_cancel(self.descendants(key, barrier=True))
 
     async def forget(self, key: bytes) -> int:
         """`invalidate(key, local=True)`: another engine invalidated `key`."""

@@ -305,7 +305,9 @@ class Engine(ReadCalls):
     async def invalidate(self, key: Key) -> int:
         """Remove `key` and every object derived from it, transitively, from every tier;
         returns how many objects were removed. Durable: once it returns, no restart brings any
-        of them back, and no `get` returns one of them. Costs what it removes, not the cache."""
+        of them back, and no `get` returns one of them. Costs what it removes, not the cache.
+        Once started it finishes, the fleet told, even if the caller is cancelled meanwhile
+        (the caller then gets the `CancelledError` when it has)."""
         raw = encode_key(key)
         with self._span(INVALIDATE, raw) as span:
             async with self._call():
@@ -321,7 +323,7 @@ class Engine(ReadCalls):
         `TypeError` for a `model` that is not a str."""
         with self._span(INVALIDATE_MODEL) as span:
             async with self._call():
-                removed = await self._invalidations.descendants(version_key(model), barrier=True)
+                removed = await self._invalidations.below(version_key(model))
             if span is not None:
                 span.set_attribute("tierkv.removed", removed)
         self._st.counters.invalidations += removed
