@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 
 from tierkv.config import RedisTierConfig
 from tierkv.errors import DeviceError
-from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.formats.value import ObjectMeta, ValueKind, payload_view
 from tierkv.testing import payload_bytes
 from tierkv.testing.redis_server import RedisClusterServers, RedisServer
 from tierkv.tiers.redis import RedisTier
@@ -120,6 +120,28 @@ async def test_a_planted_value_is_a_counted_miss(tier: RedisTier, raw: aioredis.
     assert await tier.fetch_many([key_of(1)]) == [None]
     assert tier.stats()["corrupt"] == 2
     assert tier.stats()["lookup_hits"] == 0
+
+
+async def test_a_value_of_another_type_is_a_miss_of_that_key_only(tier: RedisTier,
+                                                                  raw: aioredis.Redis) -> None:
+    """A list or a hash under one key (written by something else) is that key's counted miss:
+    not a failure of the server, of a whole pipelined batch, or of the tier's breaker."""
+    for i in range(4):
+        await put(tier, key_of(i), b"value %d" % i)
+    await raw.delete(tier.server_key(key_of(1)))
+    await raw.rpush(tier.server_key(key_of(1)), b"a list")
+    await raw.hset(tier.server_key(key_of(7)), b"field", b"a hash")
+    got = await tier.get_many([key_of(i) for i in range(4)])
+    assert [None if g is None else bytes(payload_view(g[1])) for g in got] == [
+        b"value 0", None, b"value 2", b"value 3"]
+    records = await tier.fetch_many([key_of(7), key_of(2)])
+    assert records[0] is None and records[1] is not None
+    await put(tier, key_of(5), b"five")
+    await raw.delete(tier.server_key(key_of(5)))
+    await raw.sadd(tier.server_key(key_of(5)), b"a set")
+    assert await tier.get(key_of(5)) is None
+    assert tier.stats()["errors"] == 0
+    assert tier.stats()["corrupt"] == 3
 
 
 @pytest.mark.parametrize("keep", [-1, 12], ids=["payload-short", "header-only"])

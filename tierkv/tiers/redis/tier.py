@@ -39,6 +39,14 @@ from tierkv.tiers.redis._fleet import Fleet
 from tierkv.tiers.redis._joined import record_value
 
 T = TypeVar("T")
+
+#: what a GET of a value of another type reads as: bytes that decode as no record
+_FOREIGN = b""
+
+
+def _wrong_type(error: Exception) -> bool:
+    """Whether a reply error is the server's WRONGTYPE (a key holding a list, a hash, ...)."""
+    return str(error).startswith("WRONGTYPE")
 #: bytes the server spends per object beyond the payload: the record header (with the key and
 #: its parents) and Redis's own key and value overhead, as `footprint` counts it
 RECORD_OVERHEAD = 256
@@ -219,8 +227,20 @@ class RedisTier(Tier):
             self._counters["misses"] += 1
             return None
         self._counters["round_trips"] += 1
-        value = await self._call(self._client.get(self.server_key(key)))
+        value = await self._call(self._get(self.server_key(key)))
         return self._served(key, held, value)
+
+    async def _get(self, server_key: bytes) -> bytes | None:
+        """GET of one key; a value of another type there (a list, a hash: not ours) reads as
+        a value that is no record, a counted miss of that key, not a failing server."""
+        redis = import_client()
+        try:
+            value: bytes | None = await self._client.get(server_key)
+        except redis.exceptions.ResponseError as exc:
+            if not _wrong_type(exc):
+                raise
+            return _FOREIGN
+        return value
 
     async def get_many(self, keys: Sequence[bytes]) -> list[tuple[ObjectMeta, Payload] | None]:
         """One pipelined round trip per `batch` keys held here (the others miss at once)."""
@@ -274,7 +294,15 @@ class RedisTier(Tier):
             for key in keys[start:start + batch]:
                 pipe.get(self.server_key(key))
             self._counters["round_trips"] += 1
-            values.extend(await self._call(pipe.execute()))
+            replies = await self._call(pipe.execute(raise_on_error=False))
+            for reply in replies:
+                if not isinstance(reply, Exception):
+                    values.append(reply)
+                elif _wrong_type(reply):
+                    values.append(_FOREIGN)  # as in `_get`: that key misses, not the batch
+                else:
+                    raise DeviceError(f"redis tier {self.name!r}: "
+                                      f"{self.config.display_url}: {reply}")
         return values
 
     async def fetch_many(self, keys: Sequence[bytes]) -> list[SharedRecord | None]:
