@@ -245,6 +245,25 @@ async def test_a_cancelled_invalidation_still_reaches_the_other_engine(
             await eventually(lambda: dropped(b, *keys))
 
 
+async def test_records_beyond_an_engines_share_are_served_not_held(redis_url: str) -> None:
+    """Adopted records count against the reader's share of the server (`capacity`, never
+    exceeded): those that do not fit are served all the same, and not held."""
+    small = shared_config(url=redis_url, capacity="16KiB")
+    small["tiers"][0]["capacity"] = 8 * KiB  # two slots: the reads stay below
+    async with engines(shared_config(url=redis_url), small) as (a, b):
+        keys = [b"obj%03d" % i for i in range(40)]
+        for key in keys:
+            await a.put(key, key * 100)
+        await a.settle()
+        for start in range(0, len(keys), 8):
+            got = await b.get_many(keys[start:start + 8])
+            assert got == [key * 100 for key in keys[start:start + 8]]
+            assert tier_stats(b)["used"] <= tier_stats(b)["capacity"]
+        assert engine_stats(b)["shared_unheld"] > 0
+        await b.settle()
+        assert tier_stats(b)["used"] <= tier_stats(b)["capacity"]
+
+
 async def test_an_overwrite_reaches_the_other_engine(pair: list[tierkv.Engine]) -> None:
     a, b = pair
     await a.put(b"K", b"v1")

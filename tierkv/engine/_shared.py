@@ -206,6 +206,13 @@ class Shared:
         if key in st.index or st.keys.busy(key):
             st.counters.shared_busy += 1  # a put or delete of the key runs here: its value wins
             return None
+        if tier.footprint(record.meta.nbytes) > tier.capacity - tier.used:
+            # this engine's share of the server is full: the record is served, not held (held,
+            # it would count above the share, and the engine's own puts could not be shared)
+            st.counters.shared_unheld += 1
+            st.counters.hits[st.names[index]] += 1
+            st.read_bytes[index] += record.meta.nbytes
+            return record.meta, record.payload
         try:
             st.dag.set_parents(key, record.meta.parents)
         except DependencyCycleError:
