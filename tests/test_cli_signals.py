@@ -1,5 +1,6 @@
 """SIGTERM ends a command as Ctrl-C does: the command's clean-up runs (the scratch media of
-`tierkv bench`: pools on /dev/shm are RAM), and the CLI exits 143."""
+`tierkv bench`: pools on /dev/shm are RAM), and the CLI exits 143 (130); signals after the
+first change nothing."""
 
 from __future__ import annotations
 
@@ -38,6 +39,30 @@ def test_sigterm_cancels_the_running_command_and_its_clean_up_runs() -> None:
     assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_later_signals_raise_nowhere_while_the_clean_up_runs(signum: signal.Signals) -> None:
+    cleaned: list[str] = []
+
+    async def command() -> None:
+        try:
+            os.kill(os.getpid(), signum)
+            await asyncio.sleep(30)
+        finally:
+            for again in (signal.SIGINT, signal.SIGTERM, signum):
+                os.kill(os.getpid(), again)
+                await asyncio.sleep(0.05)
+            cleaned.append("async")
+
+    with pytest.raises(Terminated) as raised, terminable():
+        try:
+            run(command())
+        finally:
+            os.kill(os.getpid(), signum)
+            cleaned.append("sync")
+    assert cleaned == ["async", "sync"]
+    assert raised.value.exit_status == 128 + signum
+
+
 def test_sigterm_between_runs_unwinds_too() -> None:
     with pytest.raises(Terminated), terminable():
         os.kill(os.getpid(), signal.SIGTERM)
@@ -53,6 +78,55 @@ def _trace(path: Path, requests: int) -> Path:
                                  "output_length": 1, "hash_ids": ids}))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _replaying(tmp_path: Path, errors: Path) -> subprocess.Popen[bytes]:
+    """`tierkv bench --trace` of a long trace on the three tiers under `tmp_path`, once it has
+    made its scratch media and replays."""
+    config = tmp_path / "devices.toml"
+    config.write_text(three_tier_toml(tmp_path))
+    trace = _trace(tmp_path / "trace.jsonl", 200_000)
+    with errors.open("w") as stderr:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "tierkv.cli", "bench", "--config", str(config), "--trace",
+             str(trace), "--capacity", "25%", "--block-size", "4KiB"],
+            stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "log").glob("tierkv-trace-*/*")):  # its scratch log is made
+        assert bench.poll() is None, errors.read_text()
+        assert time.monotonic() < deadline, "the replay never made its scratch media"
+        time.sleep(0.05)
+    time.sleep(0.5)  # replaying
+    assert bench.poll() is None, "the replay ended before it could be signalled"
+    return bench
+
+
+def _scratch_left(tmp_path: Path) -> list[Path]:
+    return [path for directory in ("pool", "log")
+            for path in (tmp_path / directory).glob("tierkv-trace-*")]
+
+
+@pytest.mark.pmem
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_repeated_signals_end_a_trace_replay_once(tmp_path: Path, signum: signal.Signals) -> None:
+    """A second Ctrl-C or SIGTERM while the replay winds down once raised in a background move
+    or hung the clean-up (SIGKILL needed, scratch media left behind)."""
+    errors = tmp_path / "stderr"
+    bench = _replaying(tmp_path, errors)
+    try:
+        bench.send_signal(signum)
+        for _ in range(10):  # while it takes down its engine and scratch media
+            time.sleep(0.1)
+            if bench.poll() is not None:
+                break
+            bench.send_signal(signum)
+        assert bench.wait(timeout=60) == 128 + signum
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert "Traceback" not in errors.read_text()
+    assert not _scratch_left(tmp_path)
 
 
 @pytest.mark.pmem

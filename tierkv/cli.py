@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 from tierkv._cli_bench import FAULTS_QUICK_OPERATIONS, TRACE_QUICK_REQUESTS, run_bench
 from tierkv._cli_common import config_for as _config_for
 from tierkv._cli_common import console
-from tierkv._cli_signals import EXIT_TERMINATED, Terminated, terminable
+from tierkv._cli_signals import Terminated, run, terminable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with terminable():
             return int(args.func(args))
-    except Terminated:
-        return EXIT_TERMINATED
+    except Terminated as exc:
+        return exc.exit_status
     except ConfigError as exc:
         print(f"tierkv: config error: {exc}", file=sys.stderr)
         return 2
@@ -187,7 +187,10 @@ def _serve_metrics(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         print(f"tierkv: serving metrics on http://{shown}:{port}/metrics", flush=True)
 
-    asyncio.run(serve_metrics(load_config(args.config), args.host, args.port, ready=ready))
+    # a signal sets `stop`: the server ends, the engine closes, and the command exits 0
+    stop = asyncio.Event()
+    run(serve_metrics(load_config(args.config), args.host, args.port, ready=ready, stop=stop),
+        stop=stop)
     return 0
 
 

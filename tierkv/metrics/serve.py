@@ -31,7 +31,8 @@ Ready = Callable[[str, int], None]
 async def serve_metrics(config: ConfigSource, host: str = "127.0.0.1", port: int = 9464, *,
                         ready: Ready | None = None, stop: asyncio.Event | None = None) -> None:
     """Serve ``/metrics`` of an engine opened on `config` at `host`:`port` (0: a free port,
-    which `ready` is told) until SIGINT or SIGTERM (or `stop` is set). `ConfigError` if the
+    which `ready` is told) until SIGINT or SIGTERM, or, when `stop` is given, until it is set
+    (the signals are then left to the caller). `ConfigError` if the
     address cannot be bound (the engine is closed again first)."""
     loop = asyncio.get_running_loop()
     stopping = stop if stop is not None else asyncio.Event()
@@ -45,7 +46,8 @@ async def serve_metrics(config: ConfigSource, host: str = "127.0.0.1", port: int
             server, thread = start_http_server(port, addr=host, registry=registry)
         except OSError as exc:  # in use, not an address of this machine, a privileged port
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
-        signals = (signal.SIGINT, signal.SIGTERM)
+        # with `stop`, the caller decides what sets it (the CLI: its own signal handling)
+        signals = (signal.SIGINT, signal.SIGTERM) if stop is None else ()
         try:
             for signum in signals:
                 loop.add_signal_handler(signum, stopping.set)
