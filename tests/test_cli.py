@@ -42,6 +42,14 @@ def test_config_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert "tiers[0].bogus" in result.stderr
 
 
+@pytest.mark.skipif(Path("/mnt/pmem0").exists(), reason="this machine has the example's mount")
+def test_info_on_the_example_without_its_mounts_names_the_missing_directory() -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "devices.toml"
+    result = run_cli("info", "--config", str(example))
+    assert_one_line(result, 2)
+    assert "tiers[1].path: directory /mnt/pmem0 does not exist" in result.stderr
+
+
 def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
     result = run_cli("bench", "--config", str(tmp_path / "nope.toml"))
     assert result.returncode == 2

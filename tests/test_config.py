@@ -176,13 +176,13 @@ def test_existing_writable_files_are_accepted(paths: dict[str, Path], doc: dict[
     assert load_config(doc).tiers[1].kind is TierKind.PMEM
 
 
-def test_paths_in_directories_yet_to_be_created_are_accepted(
-    tmp_path: Path, doc: dict[str, Any]
+@pytest.mark.parametrize("tier", [1, 2])
+def test_paths_in_directories_that_do_not_exist_are_refused(
+    tmp_path: Path, doc: dict[str, Any], tier: int
 ) -> None:
-    doc["tiers"][1]["path"] = str(tmp_path / "new" / "deeper" / "pool")
-    tier = load_config(doc).tiers[1]
-    assert isinstance(tier, PmemTierConfig)
-    assert tier.path == tmp_path / "new" / "deeper" / "pool"
+    # the open creates no directory: such a path passed here and failed only at open
+    doc["tiers"][tier]["path"] = str(tmp_path / "new" / "deeper" / "media")
+    _fails(doc, f"tiers[{tier}].path")
     assert not (tmp_path / "new").exists()  # validation creates nothing
 
 
@@ -449,6 +449,8 @@ def test_config_file_that_is_not_utf8(tmp_path: Path) -> None:
 def _example_text(tmp_path: Path) -> str:
     text = EXAMPLE.read_text()
     assert '"/mnt/' in text
+    for mount in ("pmem0", "nvme0"):  # the file systems the example's paths are on
+        (tmp_path / "mnt" / mount).mkdir(parents=True, exist_ok=True)
     return text.replace('"/mnt/', f'"{tmp_path}/mnt/')
 
 

@@ -63,8 +63,8 @@ _DEVICES: dict[TierKind, tuple[Callable[[int], bool], str]] = {
 
 
 def check_path(t: KeyErrors, key: str, text: str, kind: TierKind) -> Path:
-    """The path of a persistent tier: usable here (creatable, or a file or device of the
-    right kind that is readable and writable)."""
+    """The path of a persistent tier: usable here (creatable in a writable directory that
+    exists, or a file or device of the right kind that is readable and writable)."""
     if "\x00" in text:
         raise t.error(key, "a path cannot contain a NUL byte")
     path = Path(text).expanduser()
@@ -93,19 +93,16 @@ def _usable_path(t: KeyErrors, key: str, path: Path, kind: TierKind) -> Path:
         if not os.access(path, os.R_OK | os.W_OK):
             raise t.error(key, f"{path} is not readable and writable")
         return path
-    ancestor = _existing_ancestor(path)
-    if not ancestor.is_dir():
-        raise t.error(key, f"{path} cannot be created: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise t.error(key, f"{path} cannot be created: {ancestor} is not writable")
+    # the open creates the file, not the directories above it: a directory missing here is a
+    # file system not mounted (/mnt/pmem0) or a path mistyped, refused now rather than at open
+    directory = path.parent
+    if not directory.exists():
+        raise t.error(key, f"directory {directory} does not exist")
+    if not directory.is_dir():
+        raise t.error(key, f"{path} cannot be created: {directory} is not a directory")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise t.error(key, f"{path} cannot be created: {directory} is not writable")
     return path
-
-
-def _existing_ancestor(path: Path) -> Path:
-    ancestor = path.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    return ancestor
 
 
 def check_memory(t: KeyErrors, device: str, capacity: int) -> None:
@@ -172,7 +169,7 @@ def check_room(tiers: tuple[TierConfig, ...]) -> None:
             grow = need - (found.st_blocks * 512 if found is not None else 0)
             if grow <= 0:
                 continue
-            directory = _existing_ancestor(tier.path)
+            directory = tier.path.parent
             device = os.stat(directory).st_dev
             fs = os.statvfs(directory)
         except OSError as exc:
