@@ -196,6 +196,34 @@ def test_a_character_device_as_the_nvme_log_is_a_config_error() -> None:
     refused([nvme(Path("/dev/null"), "64MiB")], "tiers[0].path")
 
 
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/zero"])
+def test_a_character_device_that_is_not_dax_as_the_pool_is_a_config_error(device: str) -> None:
+    # any character device passed as a device-DAX pool and failed only at open
+    if not os.access(device, os.R_OK | os.W_OK):
+        pytest.skip(f"{device} is not readable and writable here")
+    refused([gpu("4MiB"), pmem(Path(device), "64MiB")], "tiers[1].path")
+
+
+def test_a_character_device_is_a_pool_when_sysfs_files_it_under_dax(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tierkv.config import machine
+
+    found = os.stat("/dev/null")
+    assert not machine.is_dax_device(found)
+    dax = tmp_path / "class" / "dax"
+    dax.mkdir(parents=True)
+    real_resolve = Path.resolve
+
+    def resolve(self: Path, strict: bool = False) -> Path:
+        if self.parts[:3] == ("/", "sys", "dev"):
+            return dax
+        return real_resolve(self, strict)
+
+    monkeypatch.setattr(Path, "resolve", resolve)
+    assert machine.is_dax_device(found)
+
+
 # -- the command line ----------------------------------------------------------------------------
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     # the timeout is part of the point: 100 TiB of nvme used to take ~100 s to end in MemoryError

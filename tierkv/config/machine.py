@@ -54,11 +54,32 @@ def check_device(t: KeyErrors, device: str) -> str:
     raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
 
 
+#: the sysfs class or bus of a device-DAX character device (``/sys/dev/char/MAJ:MIN/subsystem``)
+_DAX_SUBSYSTEM = "dax"
+
+
+def is_dax_device(found: os.stat_result) -> bool:
+    """Whether `found` is a device-DAX character device (``/dev/daxX.Y``): its sysfs subsystem
+    is ``dax``. Any other character device (/dev/null, /dev/zero, a tty) is not a pool."""
+    if not stat.S_ISCHR(found.st_mode):
+        return False
+    rdev = f"{os.major(found.st_rdev)}:{os.minor(found.st_rdev)}"
+    try:
+        subsystem = Path("/sys/dev/char", rdev, "subsystem").resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return subsystem.name == _DAX_SUBSYSTEM
+
+
+def _is_block_device(found: os.stat_result) -> bool:
+    return stat.S_ISBLK(found.st_mode)
+
+
 #: what a persistent tier's path may name besides a regular file: the pmem pool a device-DAX
 #: character device, the nvme log a block device
-_DEVICES: dict[TierKind, tuple[Callable[[int], bool], str]] = {
-    TierKind.PMEM: (stat.S_ISCHR, "a DAX (character) device"),
-    TierKind.NVME: (stat.S_ISBLK, "a block device"),
+_DEVICES: dict[TierKind, tuple[Callable[[os.stat_result], bool], str]] = {
+    TierKind.PMEM: (is_dax_device, "a device-DAX character device (/dev/daxX.Y)"),
+    TierKind.NVME: (_is_block_device, "a block device"),
 }
 
 
@@ -82,13 +103,14 @@ def check_path(t: KeyErrors, key: str, text: str, kind: TierKind) -> Path:
 
 def _usable_path(t: KeyErrors, key: str, path: Path, kind: TierKind) -> Path:
     if path.exists():
-        mode = path.stat().st_mode
+        found = path.stat()
+        mode = found.st_mode
         is_device, device = _DEVICES[kind]
         if stat.S_ISDIR(mode):
             raise t.error(key, f"{path} is a directory, expected a file or {device}")
         # a FIFO would block the first open (tierkv info hung on one); /dev/null and the like
         # only failed at open
-        if not (stat.S_ISREG(mode) or is_device(mode)):
+        if not (stat.S_ISREG(mode) or is_device(found)):
             raise t.error(key, f"{path} is neither a regular file nor {device}")
         if not os.access(path, os.R_OK | os.W_OK):
             raise t.error(key, f"{path} is not readable and writable")
