@@ -88,6 +88,24 @@ def test_bad_url(url: Any) -> None:
     fails(document(url=url), "tiers[1].url")
 
 
+@pytest.mark.parametrize("url", [
+    "redis://h:abc", "redis://h:99999", "redis://h:0", "redis://[::1", "redis://[::1:6379",
+    "redis://127.0.0.1:1/0?socket_timeout=abc", "redis://127.0.0.1:1/0?max_connections=x",
+    "redis://127.0.0.1:1/0?bogus=1", "unix:///run/redis.sock?db=abc",
+], ids=repr)
+def test_a_url_the_client_would_refuse_is_refused_at_load(url: str) -> None:
+    # these loaded, then failed at open (naming tiers.shared.url) or with a traceback
+    pytest.importorskip("redis")
+    fails(document(url=url), "tiers[1].url")
+
+
+def test_a_url_refused_at_load_is_not_echoed() -> None:
+    pytest.importorskip("redis")
+    for url in (f"redis://:{PASSWORD}@h:abc", f"redis://:{PASSWORD}@h/0?socket_timeout=x",
+                f"redis://:{PASSWORD}@[::1"):
+        assert PASSWORD not in str(fails(document(url=url), "tiers[1].url"))
+
+
 def test_a_bad_url_is_not_echoed() -> None:
     error = fails(document(url=f"http://:{PASSWORD}@h:1"), "tiers[1].url")
     assert PASSWORD not in str(error)

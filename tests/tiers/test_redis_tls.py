@@ -230,12 +230,22 @@ def test_every_tls_parameter_passes_the_loader() -> None:
     assert loaded(url).url == url
 
 
-async def test_a_misspelt_parameter_is_a_config_error_at_open() -> None:
+def test_a_misspelt_parameter_is_a_config_error_at_load() -> None:
     # no server is asked: the client refuses the parameter before connecting
-    tier = RedisTier(loaded(f"rediss://:{PASSWORD}@127.0.0.1:1/0?ssl_ca_cert=/ca.pem"))
+    with pytest.raises(ConfigError) as caught:
+        loaded(f"rediss://:{PASSWORD}@127.0.0.1:1/0?ssl_ca_cert=/ca.pem")
+    assert str(caught.value).startswith("tiers[1].url: "), str(caught.value)
+    assert "ssl_ca_cert" in str(caught.value)
+    shows_no_password(caught.value)
+
+
+async def test_a_misspelt_parameter_of_a_config_built_in_code_is_a_config_error_at_open(
+) -> None:
+    url = f"rediss://:{PASSWORD}@127.0.0.1:1/0?ssl_ca_cert=/ca.pem"
+    tier = RedisTier(RedisTierConfig("shared", 1 << 20, url=url))
     with pytest.raises(ConfigError) as caught:
         await tier.open()
     await tier.close()
-    assert str(caught.value).startswith("tiers.shared.url: "), str(caught.value)
+    assert str(caught.value).startswith("redis tier 'shared': url: "), str(caught.value)
     assert "ssl_ca_cert" in str(caught.value)
     shows_no_password(caught.value)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from tierkv.config.schema import RedisTierConfig
@@ -34,7 +34,7 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
         if not isinstance(url, str) or not url.startswith(_SCHEMES):
             # the value itself is not echoed: it may carry a password
             raise t.error("url", "expected a redis://, rediss:// or unix:// URL")
-        _check_query(t, url)
+        _check_url(t, url)
     else:
         nodes = _cluster_nodes(t, cluster)
     password_env = t.raw("password_env", None)
@@ -61,11 +61,27 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
     )
 
 
-def _check_query(t: _Table, url: str) -> None:
+def _check_url(t: _Table, url: str) -> None:
+    """Refuse a url the client would refuse at open: one that does not parse, a port outside
+    1..65535, a query parameter that would be shown or that the connections do not take, or
+    whose value they cannot read. Messages quote a parameter's name, never the url itself (it
+    may carry a password)."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+        raise t.error("url", f"not a valid URL: {exc}") from None
+    if port == 0:
+        raise t.error("url", "port 0 is not a server's port (1..65535)")
+    _check_query(t, url, parts.query)
+    _check_with_client(t, url)
+
+
+def _check_query(t: _Table, url: str, query: str) -> None:
     """The query's parameters go to redis-py's connections as keyword arguments
     (``rediss://host:port/0?ssl_ca_certs=/path/ca.pem``); refuse those that would be shown or
     that a plain connection does not take (only the names are quoted, never a value)."""
-    names = parse_qs(urlsplit(url).query)
+    names = parse_qs(query)
     for name in names:
         if name in _SECRET_PARAMETERS:
             raise t.error("url", f"{name} must not be in the query, which messages and `tierkv "
@@ -73,6 +89,24 @@ def _check_query(t: _Table, url: str) -> None:
                                  "redis://:PASSWORD@host:port, or in password_env)")
         if name.startswith("ssl_") and not url.startswith("rediss://"):
             raise t.error("url", f"{name} needs a rediss:// URL (TLS)")
+
+
+def _check_with_client(t: _Table, url: str) -> None:
+    """Build, unconnected, the connection the tier's client would make of `url`: redis-py reads
+    the query's values (``socket_timeout=abc``) and refuses parameters its connections do not
+    take only then, which was at open. Without redis-py the tier's open says how to install
+    it."""
+    try:
+        from redis.asyncio import ConnectionPool
+    except ImportError:
+        return
+    try:
+        pool: Any = ConnectionPool.from_url(url)  # redis-py leaves make_connection untyped
+        pool.make_connection()  # connects on first use only
+    except ValueError as exc:  # quotes a parameter's name or the scheme, not credentials
+        raise t.error("url", str(exc)) from None
+    except TypeError as exc:  # an unexpected keyword argument: quotes its name
+        raise t.error("url", f"a query parameter redis-py refuses: {exc}") from None
 
 
 def _cluster_nodes(t: _Table, cluster: object) -> tuple[str, ...]:

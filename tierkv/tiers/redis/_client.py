@@ -60,10 +60,10 @@ def make_client(config: RedisTierConfig) -> Redis | RedisCluster:
             pool.connection_class = joining(pool.connection_class)  # the URL chose the class
             pool.make_connection()
         except ValueError as exc:  # redis-py's message quotes the scheme, not the credentials
-            raise ConfigError(f"tiers.{config.name}.url: {exc}") from None
+            raise ConfigError(f"redis tier {config.name!r}: url: {exc}") from None
         except (TypeError, redis.exceptions.RedisError) as exc:  # quotes a name, not a password
-            raise ConfigError(f"tiers.{config.name}.url: a query parameter redis-py refuses: "
-                              f"{exc}") from None
+            raise ConfigError(f"redis tier {config.name!r}: url: a query parameter redis-py "
+                              f"refuses: {exc}") from None
         return client
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
