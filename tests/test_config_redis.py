@@ -13,6 +13,7 @@ import pytest
 
 from tierkv import ConfigError, load_config
 from tierkv.config import GpuTierConfig, RedisTierConfig
+from tierkv.config._redis import MAX_SERVER_MS
 
 PASSWORD = "pw-3b9d0c61e2"
 MiB = 1 << 20
@@ -104,6 +105,21 @@ def test_a_url_refused_at_load_is_not_echoed() -> None:
     for url in (f"redis://:{PASSWORD}@h:abc", f"redis://:{PASSWORD}@h/0?socket_timeout=x",
                 f"redis://:{PASSWORD}@[::1"):
         assert PASSWORD not in str(fails(document(url=url), "tiers[1].url"))
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("ttl", "0.5ms"), ("ttl", "999us"), ("ttl", 0.0004), ("ttl", 1e30), ("ttl", "9" * 30 + "h"),
+    ("timeout", 1e30), ("retention", 1e306), ("retention", "9" * 30 + "h"),
+], ids=repr)
+def test_a_duration_the_server_refuses_is_refused(key: str, value: Any) -> None:
+    # a ttl of 0.5ms went out as PX 0 and 1e30 as an expiry past 64 bits: every put failed
+    fails(document(url="redis://127.0.0.1:6379/0", **{key: value}), f"tiers[1].{key}")
+
+
+def test_the_shortest_and_longest_ttl_load() -> None:
+    for ttl, seconds in (("1ms", 0.001), (f"{MAX_SERVER_MS}ms", MAX_SERVER_MS / 1000)):
+        tier = load_config(document(url="redis://127.0.0.1:6379/0", ttl=ttl)).tiers[1]
+        assert isinstance(tier, RedisTierConfig) and tier.ttl == seconds
 
 
 def test_a_bad_url_is_not_echoed() -> None:

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 import pytest
 import redis.asyncio as aioredis
 
-from tierkv.config import RedisTierConfig
+from tierkv.config import RedisTierConfig, load_config
+from tierkv.config._redis import MAX_SERVER_MS
 from tierkv.errors import DeviceError
 from tierkv.formats.value import ObjectMeta, ValueKind, payload_view
 from tierkv.testing import payload_bytes
@@ -300,6 +301,24 @@ async def test_the_server_expires_objects_after_ttl(redis_url: str, raw: aioredi
         await asyncio.sleep(0.4)
         assert await tier.get(key_of(7)) is None
         assert not await raw.exists(tier.server_key(key_of(7)))
+    finally:
+        await tier.close()
+
+
+@pytest.mark.parametrize("ttl", ["1ms", f"{MAX_SERVER_MS}ms"])
+async def test_the_server_takes_the_ttls_the_loader_accepts(
+    redis_url: str, raw: aioredis.Redis, ttl: str
+) -> None:
+    document = {"tiers": [
+        {"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "1MiB", "slot_size": "64KiB"},
+        {"name": "shared", "kind": "redis", "capacity": "1MiB", "url": redis_url, "ttl": ttl}]}
+    config = load_config(document).tiers[1]
+    assert isinstance(config, RedisTierConfig)
+    tier = RedisTier(config)
+    await tier.open()
+    try:
+        await put(tier, key_of(8), b"bounded")  # refused by the server: a DeviceError
+        assert await raw.pttl(tier.server_key(key_of(8))) in range(-2, MAX_SERVER_MS + 1)
     finally:
         await tier.close()
 

@@ -21,6 +21,10 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_PARAMETERS = ("password", "ssl_password")
 #: the longest key prefix (a key's prefix is repeated in every key on the server)
 MAX_KEY_PREFIX = 256
+#: the most milliseconds a duration sent to the server may count (SET PX, XREAD BLOCK): a
+#: signed 64-bit count, less headroom for the server's clock, which it adds to it (an
+#: expiry past 2**63 - 1 ms since 1970 is refused)
+MAX_SERVER_MS = 1 << 62
 
 
 def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
@@ -49,16 +53,30 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
     if "{" in prefix or "}" in prefix:
         # a hash tag would send every key of the tier to one cluster slot
         raise t.error("key_prefix", "must not contain { or } (cluster hash tags)")
+    ttl = t.duration_or_off("ttl")
+    if ttl is not None:
+        if int(ttl * 1000) < 1:  # sent as PX 0, which the server refuses
+            raise t.error("ttl", "at least 1ms: the server counts whole milliseconds")
+        ttl = _sent(t, "ttl", ttl)
     return RedisTierConfig(
         name, capacity, url=url, cluster=nodes, password_env=password_env, key_prefix=prefix,
-        ttl=t.duration_or_off("ttl"),
+        ttl=ttl,
         pool_size=t.integer("pool_size", 16, low=1, high=4096),
-        timeout=t.duration("timeout", 1.0),
+        timeout=_sent(t, "timeout", t.duration("timeout", 1.0)),
         batch=t.integer("batch", 256, low=1, high=65536),
-        retention=t.duration("retention", 86400.0),
+        retention=_sent(t, "retention", t.duration("retention", 86400.0)),
         latency=None if t.raw("latency", "probe") == "probe" else t.duration("latency", 0.0),
         bandwidth=None if t.raw("bandwidth", "probe") == "probe" else t.size("bandwidth", 0),
     )
+
+
+def _sent(t: _Table, key: str, seconds: float) -> float:
+    """`seconds`, a duration the tier sends to the server in milliseconds: refused beyond what
+    the server takes (every put then failed, or the loader's arithmetic overflowed)."""
+    if seconds * 1000 > MAX_SERVER_MS:
+        raise t.error(key, f"at most {MAX_SERVER_MS}ms: the server counts milliseconds in a "
+                           "signed 64-bit integer")
+    return seconds
 
 
 def _check_url(t: _Table, url: str) -> None:
