@@ -417,6 +417,42 @@ def test_invalid_toml_syntax(tmp_path: Path) -> None:
     assert str(info.value).startswith(f"{file}: ")
 
 
+HUGE = int("9" * 400)  # beyond a float's range
+
+
+@pytest.mark.parametrize(("dotted", "value", "key_path"), [
+    ("scheduler.alpha", HUGE, "scheduler.alpha"),
+    ("scheduler.beta", -HUGE, "scheduler.beta"),
+    ("tiers.0.free_low", HUGE, "tiers[0].free_low"),
+    ("tiers.1.free_high", HUGE, "tiers[1].free_high"),
+    ("engine.space_timeout", HUGE, "engine.space_timeout"),
+    ("engine.space_timeout", "9" * 400 + "s", "engine.space_timeout"),
+    ("health.window", HUGE, "health.window"),
+    ("tiers.0.capacity", HUGE, "tiers[0].capacity"),
+    ("tiers.0.capacity", "9" * 400 + "TiB", "tiers[0].capacity"),
+    ("tiers.0.capacity", 1 << 63, "tiers[0].capacity"),
+    ("tiers.2.region_size", HUGE, "tiers[2].region_size"),
+    ("tiers.2.queue_depth", 10 ** 6000, "tiers[2].queue_depth"),
+], ids=lambda value: value if isinstance(value, str) and len(value) < 40 else "")
+def test_numbers_beyond_any_range_are_config_errors(
+    doc: dict[str, Any], dotted: str, value: Any, key_path: str
+) -> None:
+    # each of these raised OverflowError (float(), math.isfinite, format_size) or, printing an
+    # integer of 6000 digits, ValueError
+    _fails(_apply(doc, [(dotted, value)]), key_path)
+
+
+@pytest.mark.parametrize("text", [
+    "a = " + "[" * 100_000 + "]" * 100_000,
+    "a = " + "{b=" * 100_000 + "1" + "}" * 100_000,
+    "a = " + "9" * 6000,  # more digits than Python converts to an int
+], ids=["arrays", "inline-tables", "long-integer"])
+def test_toml_python_cannot_hold_is_a_syntax_error(text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_text(text, origin="inline")
+    assert str(info.value).startswith("inline: not valid TOML: ")
+
+
 def test_duplicate_toml_key_is_a_syntax_error() -> None:
     with pytest.raises(ConfigError):
         load_config_text('[engine]\nwrite_policy = "write_back"\nwrite_policy = "write_back"\n')

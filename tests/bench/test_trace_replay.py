@@ -68,6 +68,10 @@ def test_requests_come_with_their_timestamp_in_seconds(tmp_path: Path) -> None:
     '{"timestamp": 0, "hash_ids": [-1]}',
     '{"timestamp": 0, "hash_ids": [18446744073709551616]}',
     '{"timestamp": 0, "hash_ids": [1], "input_length": 2.5}',
+    # an OverflowError, a RecursionError and a ValueError of int() escaped the checks
+    '{"timestamp": ' + "9" * 400 + ', "hash_ids": [1]}',
+    "[" * 100_000 + "]" * 100_000,
+    '{"timestamp": 0, "hash_ids": [' + "9" * 6000 + "]}",
 ])
 def test_a_bad_record_is_named_by_file_and_line(tmp_path: Path, line: str) -> None:
     trace = tmp_path / "bad.jsonl"

@@ -83,17 +83,24 @@ def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
 def _parse_record(line: str, where: str, previous: float) -> TraceRequest:
     try:
         record = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:  # arrays or objects nested thousands deep
+        raise ValueError(f"{where}: not JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more digits than Python reads
         raise ValueError(f"{where}: not JSON: {exc}") from None
     if not isinstance(record, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
     stamp = record.get("timestamp")
-    if (isinstance(stamp, bool) or not isinstance(stamp, int | float)
-            or not math.isfinite(stamp) or stamp < 0):
-        raise ValueError(f"{where}: timestamp must be a non-negative number of ms, got {stamp!r}")
-    seconds = stamp / 1000
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not stamp >= 0:
+        raise ValueError(f"{where}: timestamp must be a non-negative number of ms, got "
+                         f"{_shown(stamp)}")
+    try:
+        seconds = float(stamp) / 1000  # an integer beyond a float's range overflows
+    except OverflowError:
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ValueError(f"{where}: timestamp is beyond any clock: {_shown(stamp)}")
     if seconds < previous:
-        raise ValueError(f"{where}: timestamp {stamp} is before the previous request's")
+        raise ValueError(f"{where}: timestamp {stamp!r} is before the previous request's")
     ids = record.get("hash_ids")
     if not isinstance(ids, list) or not all(
             type(i) is int and 0 <= i <= MAX_HASH_ID for i in ids):
@@ -103,6 +110,13 @@ def _parse_record(line: str, where: str, previous: float) -> TraceRequest:
         if type(value) is not int or value < 0:
             raise ValueError(f"{where}: {name} must be a non-negative integer, got {value!r}")
     return TraceRequest(seconds, tuple(ids))
+
+
+def _shown(value: object) -> str:
+    """`value` for a message: an integer too long to print whole is shown by its length."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return repr(value)
 
 
 def block_key(hash_id: int, position: int) -> BlockKey:

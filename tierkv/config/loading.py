@@ -71,7 +71,22 @@ def load_config_text(text: str, *, origin: str = "<config>") -> Config:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    except RecursionError:  # tomllib recurses per nested array or inline table
+        raise ConfigError(f"{origin}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
     return _parse(document)
+
+
+#: the largest size a config may give: what a signed 64-bit byte count holds (8 EiB)
+MAX_SIZE = (1 << 63) - 1
+
+
+def _shown(value: Any) -> str:
+    """`value` for a message: an integer too long to print whole is shown by its length."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return repr(value)
 
 
 class _Table:
@@ -119,15 +134,16 @@ class _Table:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"expected an integer, got {value!r}")
         if not low <= value <= high:
-            raise self.error(key, f"{value} is outside {low}..{high}")
+            raise self.error(key, f"{_shown(value)} is outside {low}..{high}")
         return value
 
     def number(self, key: str, default: float, *, low: float, high: float) -> float:
         value = self._raw(key, default)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.error(key, f"expected a number, got {value!r}")
-        if not (math.isfinite(value) and low <= value <= high):
-            raise self.error(key, f"{value} is outside {low}..{high}")
+        # compared before any conversion: an integer beyond a float's range overflows float()
+        if not (low <= value <= high and (isinstance(value, int) or math.isfinite(value))):
+            raise self.error(key, f"{_shown(value)} is outside {low}..{high}")
         return float(value)
 
     def size(self, key: str, default: int | None = None) -> int:
@@ -143,12 +159,17 @@ class _Table:
             raise self.error(key, f"expected a size such as \"512MiB\", got {value!r}")
         if size <= 0:
             raise self.error(key, "must be positive")
+        if size > MAX_SIZE:
+            raise self.error(key, f"{_shown(size)} is more than 8EiB ({MAX_SIZE} bytes)")
         return size
 
     def duration(self, key: str, default: float) -> float:
         value = self._raw(key, default)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            seconds = float(value)
+            try:
+                seconds = float(value)
+            except OverflowError:  # an integer beyond a float's range
+                raise self.error(key, f"{_shown(value)} is too long") from None
         elif isinstance(value, str):
             try:
                 seconds = parse_duration(value)
@@ -156,7 +177,9 @@ class _Table:
                 raise self.error(key, str(exc)) from None
         else:
             raise self.error(key, f"expected a duration such as \"800ms\", got {value!r}")
-        if not (math.isfinite(seconds) and seconds > 0):
+        if not math.isfinite(seconds):  # "999...9s": more digits than a float holds
+            raise self.error(key, f"{_shown(value)} is too long")
+        if seconds <= 0:
             raise self.error(key, "must be positive")
         return seconds
 
