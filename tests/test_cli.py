@@ -208,3 +208,13 @@ async def test_format_refuses_a_pool_held_open(tmp_path: Path) -> None:
     finally:
         await holder.close()
     assert await held_keys(config, "l2") == [KEY]
+
+
+def test_serve_metrics_refuses_a_port_out_of_range(tmp_path: Path) -> None:
+    # 70000 reached the server: an OverflowError traceback
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    for port in ("70000", "-1"):
+        result = run_cli("serve-metrics", "--config", str(config), "--port", port)
+        assert_one_line(result, 2)
+        assert "--port" in result.stderr

@@ -183,6 +183,9 @@ def _serve_metrics(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; exit 0 once the engine is closed."""
     from tierkv.metrics.serve import serve_metrics
 
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port: {args.port} is outside 0..65535")
+
     def ready(host: str, port: int) -> None:
         shown = f"[{host}]" if ":" in host else host
         print(f"tierkv: serving metrics on http://{shown}:{port}/metrics", flush=True)
