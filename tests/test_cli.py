@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -208,6 +209,62 @@ async def test_format_refuses_a_pool_held_open(tmp_path: Path) -> None:
     finally:
         await holder.close()
     assert await held_keys(config, "l2") == [KEY]
+
+
+# -- options refused before anything runs ---------------------------------------------------------
+@pytest.mark.parametrize(("option", "value"), [("--count", "0"), ("--size", "0"),
+                                                ("--concurrency", "-3")])
+def test_bench_refuses_a_count_size_or_concurrency_that_is_not_positive(
+    tmp_path: Path, option: str, value: str
+) -> None:
+    # these ran: rows of 0 objects, a p50 of nan, and NaN (not JSON) in --json
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    result = run_cli("bench", "--config", str(config), option, value)
+    assert_one_line(result, 2)
+    assert option in result.stderr
+
+
+def test_bench_refuses_a_json_path_it_cannot_write_before_the_run(tmp_path: Path) -> None:
+    # it ran the whole bench, then crashed writing the results
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    for target in (tmp_path / "missing" / "out.json", tmp_path):
+        result = run_cli("bench", "--config", str(config), "--device", "gpu",
+                         "--json", str(target))
+        assert_one_line(result, 2)
+        assert "--json" in result.stderr
+        assert "tierkv bench" not in result.stdout  # the table of a run
+
+
+def test_bench_json_has_null_where_a_figure_is_nan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tierkv import _cli_bench
+    from tierkv.bench.common import Row
+
+    async def nothing_measured(bar: object) -> tuple[dict[str, object], list[Row]]:
+        return {"p50": math.nan, "rates": [math.inf, 1.0]}, [Row("empty", "us", math.nan)]
+
+    monkeypatch.setattr(_cli_bench, "_bench_jobs", lambda *_: [("empty", nothing_measured)])
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    out_file = tmp_path / "bench.json"
+    assert main(["bench", "--config", str(config), "--json", str(out_file)]) == 0
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    document = json.loads(out_file.read_text(), parse_constant=refuse)
+    assert document["results"]["empty"] == {"p50": None, "rates": [None, 1.0]}
+    assert document["rows"][0]["measured"] is None
+
+
+def test_bench_workdir_where_no_directory_can_be_made_is_a_config_error() -> None:
+    # /proc takes no new directory, root or not: mkdtemp's OSError was a traceback
+    result = run_cli("bench", "--workdir", "/proc", "--device", "gpu", "--quick")
+    assert_one_line(result, 2)
+    assert "--workdir" in result.stderr
 
 
 def test_serve_metrics_refuses_a_port_out_of_range(tmp_path: Path) -> None:

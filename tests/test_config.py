@@ -37,6 +37,7 @@ from tierkv.config import (
     TierKind,
     WritePolicy,
 )
+from tierkv.config.default import default_config
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "devices.toml"
 MiB = 1 << 20
@@ -451,6 +452,17 @@ def test_toml_python_cannot_hold_is_a_syntax_error(text: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config_text(text, origin="inline")
     assert str(info.value).startswith("inline: not valid TOML: ")
+
+
+def test_the_default_config_takes_any_directory_name(tmp_path: Path) -> None:
+    # the directories were pasted into the TOML text: a quote broke it, a backslash changed it
+    odd = tmp_path / 'a"b\\n\\'
+    (odd / "pmem").mkdir(parents=True)
+    (odd / "nvme").mkdir()
+    config = default_config(odd / "pmem", odd / "nvme")
+    paths = [tier.path for tier in config.tiers
+             if isinstance(tier, PmemTierConfig | NvmeTierConfig)]
+    assert paths == [odd / "pmem" / "tierkv.pool", odd / "nvme" / "tierkv.log"]
 
 
 def test_duplicate_toml_key_is_a_syntax_error() -> None:

@@ -11,6 +11,8 @@ import functools
 import json
 import logging
 import math
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -27,13 +29,13 @@ from tierkv.config import (
     GpuTierConfig,
 )
 from tierkv.config.default import shm_or
-from tierkv.errors import ConfigError
+from tierkv.errors import ConfigError, TierKVError
 
 if TYPE_CHECKING:
     from tierkv.testing.faults import FaultPlan
 
 from tierkv._cli_common import config_for as _config_for
-from tierkv._cli_common import console
+from tierkv._cli_common import console, scratch_dir
 
 #: requests a ``--quick`` trace replay takes from the start of the trace
 TRACE_QUICK_REQUESTS = 1000
@@ -56,7 +58,13 @@ class _Bar:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    # the trace and its options are checked before the config is loaded or anything runs
+    # the options and the trace are checked before the config is loaded or anything runs
+    for option in ("count", "size", "concurrency"):
+        if getattr(args, option) <= 0:
+            raise ConfigError(f"--{option}: must be positive, got {getattr(args, option)}")
+    _check_workdir(args.workdir)
+    if args.json is not None:
+        _check_writable(args.json)
     trace = _trace_job(args) if args.trace is not None else None
     results: dict[str, Any] = {}
     rows: list[Row] = []
@@ -74,9 +82,55 @@ def run_bench(args: argparse.Namespace) -> int:
             console.print(f"skipped {name}: {section['skipped']}", markup=False, highlight=False)
     if args.json:
         document = {"results": results, "rows": [row.to_json() for row in rows]}
-        args.json.write_text(json.dumps(document, indent=2, default=str))
+        # strict JSON: a figure with nothing to measure (NaN) or unbounded is null
+        text = json.dumps(_finite(document), indent=2, default=str, allow_nan=False)
+        try:
+            args.json.write_text(text)
+        except OSError as exc:  # checked before the run, yet gone since: keep the results
+            fd, kept = tempfile.mkstemp(prefix="tierkv-bench-", suffix=".json")
+            with open(fd, "w") as file:
+                file.write(text)
+            raise BenchResultsKept(f"--json: cannot write {args.json}: {exc.strerror or exc}; "
+                                   f"the results are in {kept}") from None
         console.print(f"results written to {args.json}")
     return 0
+
+
+class BenchResultsKept(TierKVError):
+    """The results could not be written where --json said; they were kept elsewhere."""
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is NaN or infinite replaced by None, for strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
+def _check_workdir(workdir: Path) -> None:
+    if not workdir.is_dir():
+        raise ConfigError(f"--workdir: {workdir} is not a directory")
+    if not os.access(workdir, os.W_OK | os.X_OK):
+        raise ConfigError(f"--workdir: {workdir} is not writable")
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a --json path the results could not be written to, before a run of minutes."""
+    if path.is_dir():
+        raise ConfigError(f"--json: {path} is a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"--json: {path} is not writable")
+        return
+    directory = path.parent
+    if not directory.is_dir():
+        raise ConfigError(f"--json: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise ConfigError(f"--json: {path} cannot be created: {directory} is not writable")
 
 
 Job = Callable[[_Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
@@ -243,16 +297,18 @@ async def _device_bench(
     device: str, args: argparse.Namespace, bar: _Bar
 ) -> tuple[dict[str, Any], list[Row]]:
     workdir: Path = args.workdir
-    if device == "pmem":
-        from tierkv.bench.pmem import run_pmem_bench
+    scratch = scratch_dir(shm_or(workdir) if device == "pmem" else workdir)
+    try:
+        if device == "pmem":
+            from tierkv.bench.pmem import run_pmem_bench
 
-        with tempfile.TemporaryDirectory(prefix="tierkv-", dir=shm_or(workdir)) as pool_dir:
-            result = await run_pmem_bench(Path(pool_dir), quick=args.quick, progress=bar)
-    else:
-        from tierkv.bench.nvme import run_nvme_bench
+            result = await run_pmem_bench(scratch, quick=args.quick, progress=bar)
+        else:
+            from tierkv.bench.nvme import run_nvme_bench
 
-        with tempfile.TemporaryDirectory(prefix="tierkv-", dir=workdir) as log_dir:
-            result = await run_nvme_bench(Path(log_dir), quick=args.quick, progress=bar)
+            result = await run_nvme_bench(scratch, quick=args.quick, progress=bar)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return result, [Row(**_row_fields(row)) for row in result.get("rows", [])]
 
 

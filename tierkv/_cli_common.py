@@ -35,10 +35,21 @@ def config_for(path: Path | None, workdir: Path) -> Iterator[Config]:
         return
     if not workdir.is_dir():
         raise ConfigError(f"--workdir: {workdir} is not a directory")
-    nvme_dir = Path(tempfile.mkdtemp(prefix="tierkv-", dir=workdir))
-    pmem_dir = Path(tempfile.mkdtemp(prefix="tierkv-", dir=shm_or(workdir)))
+    made: list[Path] = []
     try:
-        yield default_config(pmem_dir, nvme_dir)
+        made.append(scratch_dir(workdir))
+        made.append(scratch_dir(shm_or(workdir)))
+        yield default_config(made[1], made[0])
     finally:
-        shutil.rmtree(nvme_dir, ignore_errors=True)
-        shutil.rmtree(pmem_dir, ignore_errors=True)
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def scratch_dir(parent: Path) -> Path:
+    """A new ``tierkv-*`` directory in `parent` (--workdir, or /dev/shm); `ConfigError` naming
+    --workdir where none can be made there (read-only, full, not searchable)."""
+    try:
+        return Path(tempfile.mkdtemp(prefix="tierkv-", dir=parent))
+    except OSError as exc:
+        raise ConfigError(f"--workdir: cannot make a directory in {parent}: "
+                          f"{exc.strerror or exc}") from None

@@ -2,14 +2,15 @@
 
 The gpu tier lives on CUDA where there is one and on the CPU otherwise; the pmem pool is a file on
 tmpfs (``/dev/shm``: an *emulated* persistent memory that survives a process crash, not a reboot);
-the nvme log is a file in a temporary directory on disk. Paths are filled in at run time.
+the nvme log is a file in a temporary directory on disk. Paths are set at run time.
 """
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
-from tierkv.config import Config, load_config_text
+from tierkv.config import Config, load_config
 
 DEFAULT_TEMPLATE = """
 [engine]
@@ -26,14 +27,12 @@ ttl = "5s"
 [[tiers]]
 name = "pmem"
 kind = "pmem"
-path = "{pmem_dir}/tierkv.pool"
 capacity = "512MiB"
 format = true
 
 [[tiers]]
 name = "nvme"
 kind = "nvme"
-path = "{nvme_dir}/tierkv.log"
 capacity = "2GiB"
 region_size = "16MiB"
 queue_depth = 32
@@ -42,13 +41,17 @@ format = true
 """
 
 
-def default_config_text(pmem_dir: Path, nvme_dir: Path) -> str:
-    return DEFAULT_TEMPLATE.format(pmem_dir=pmem_dir, nvme_dir=nvme_dir)
-
-
 def default_config(pmem_dir: Path, nvme_dir: Path) -> Config:
-    """The default hierarchy with its pool under `pmem_dir` and its log under `nvme_dir`."""
-    return load_config_text(default_config_text(pmem_dir, nvme_dir), origin="<embedded default>")
+    """The default hierarchy with its pool under `pmem_dir` and its log under `nvme_dir`.
+
+    The paths are set in the parsed document, never pasted into its text: a directory whose
+    name holds a quote or a backslash (``--workdir '/x/a"b'``) would otherwise break the TOML
+    or change what it says."""
+    document = tomllib.loads(DEFAULT_TEMPLATE)
+    pmem, nvme = document["tiers"][1], document["tiers"][2]
+    pmem["path"] = str(pmem_dir / "tierkv.pool")
+    nvme["path"] = str(nvme_dir / "tierkv.log")
+    return load_config(document)
 
 
 def shm_or(fallback: Path) -> Path:
