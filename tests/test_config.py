@@ -359,6 +359,16 @@ def test_same_path_twice_under_another_spelling(
     _fails(_apply(doc, [("tiers.2.path", str(other))]), "tiers[2].path")
 
 
+def test_same_file_through_a_hard_link(
+    doc: dict[str, Any], paths: dict[str, Path]
+) -> None:
+    # resolve() leaves a hard link as it is: two tiers on one file passed
+    paths["pmem"].write_bytes(b"")
+    link = paths["pmem"].parent / "link"
+    link.hardlink_to(paths["pmem"])
+    _fails(_apply(doc, [("tiers.2.path", str(link))]), "tiers[2].path")
+
+
 def test_path_under_a_regular_file(tmp_path: Path, doc: dict[str, Any]) -> None:
     # A directory cannot be made under a file whoever we are; chmod would not stop root.
     (tmp_path / "afile").write_bytes(b"x")

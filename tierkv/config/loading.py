@@ -359,7 +359,7 @@ def _watermarks(t: _Table) -> tuple[float, float]:
 
 def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
     names: dict[str, int] = {}
-    paths: dict[Path, int] = {}
+    paths: dict[tuple[int, int] | Path, int] = {}
     for index, tier in enumerate(tiers):
         if tier.kind is TierKind.REDIS and index == 0:
             raise ConfigError(f"tiers[{index}].kind: the redis tier is shared by engines; it "
@@ -374,9 +374,19 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
         if tier.kind is TierKind.GPU and index != 0:
             raise ConfigError(f"tiers[{index}].kind: a gpu tier must come first in the hierarchy")
         if isinstance(tier, PmemTierConfig | NvmeTierConfig):
-            resolved = tier.path.resolve()
-            if resolved in paths:
+            media = _media_identity(tier.path)
+            if media in paths:
                 raise ConfigError(
-                    f"tiers[{index}].path: {tier.path} is already used by tiers[{paths[resolved]}]"
+                    f"tiers[{index}].path: {tier.path} is already used by tiers[{paths[media]}]"
                 )
-            paths[resolved] = index
+            paths[media] = index
+
+
+def _media_identity(path: Path) -> tuple[int, int] | Path:
+    """What two paths of the same media share: an existing file's device and inode (a hard
+    link, a bind mount or a symlink names it under another path), else the resolved path."""
+    try:
+        found = path.stat()
+    except OSError:
+        return path.resolve()
+    return (found.st_dev, found.st_ino)
