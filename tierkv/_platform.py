@@ -94,3 +94,23 @@ def o_direct_supported(path: Path) -> bool:
 def physical_memory() -> int:
     """Bytes of physical memory of this machine (cgroup limits are not looked at)."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+#: statfs(2)'s f_type of ramfs, which has no size: it reports 0 blocks free and grows until the
+#: memory is full
+RAMFS_MAGIC = 0x858458F6
+
+
+def filesystem_type(path: Path) -> int | None:
+    """statfs(2)'s ``f_type`` (the file system's magic number) of `path`, or None where it
+    cannot be read (not Linux, no such path). ``os.statvfs`` does not report it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        statfs = libc.statfs
+    except (OSError, AttributeError):
+        return None
+    # struct statfs begins with its f_type (__fsword_t, a C long); 256 bytes hold the rest
+    buffer = ctypes.create_string_buffer(256)
+    if statfs(os.fsencode(path), buffer) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF

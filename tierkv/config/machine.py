@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from tierkv._platform import cuda_available, physical_memory
+from tierkv._platform import RAMFS_MAGIC, cuda_available, filesystem_type, physical_memory
 from tierkv._units import format_size
 from tierkv.config.schema import (
     NVME_SUPERBLOCK,
@@ -165,9 +165,10 @@ def check_room(tiers: tuple[TierConfig, ...]) -> None:
 
     A block device must be large enough. A file is allocated in full at open (the nvme log
     with posix_fallocate, the pmem pool by PMDK), so the bytes it still has to grow by must be
-    free on its file system, summed over the tiers that share one. A character device (device
-    DAX) is left to the open. Without this a capacity beyond the machine passed here and failed
-    at open, late (after building per-region state for all of it) and unclearly.
+    free on its file system, summed over the tiers that share one; except on ramfs, which
+    reports no free space at all and takes files until the memory is full. A character device
+    (device DAX) is left to the open. Without this a capacity beyond the machine passed here
+    and failed at open, late (after building per-region state for all of it) and unclearly.
     """
     growth: dict[int, int] = {}  # st_dev of a file system -> bytes its tiers' files must grow
     for index, tier in enumerate(tiers):
@@ -197,6 +198,8 @@ def check_room(tiers: tuple[TierConfig, ...]) -> None:
         except OSError as exc:
             raise ConfigError(f"tiers[{index}].path: {tier.path} cannot be sized: "
                               f"{exc.strerror or exc}") from None
+        if filesystem_type(directory) == RAMFS_MAGIC:
+            continue  # ramfs reports 0 free whatever it holds: it grows into the memory
         free = fs.f_bavail * fs.f_frsize
         growth[device] = growth.get(device, 0) + grow
         if growth[device] > free:
