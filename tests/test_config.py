@@ -416,6 +416,22 @@ def test_devices_that_exist_everywhere(device: str, doc: dict[str, Any]) -> None
     assert tier.device == device
 
 
+@pytest.mark.parametrize("device", ["cuda:\uff11", "cuda:", "cuda:\u00b2", "cuda: 1", "cuda:+1"])
+def test_a_cuda_index_is_ascii_digits(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # str.isdigit let a full-width 1 through as cuda:1, and "cuda:" was read as cuda:0
+    import torch
+
+    from tierkv.config.loading import _Table
+    from tierkv.config.machine import check_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    with pytest.raises(ConfigError) as info:
+        check_device(_Table({}, "tiers[0]"), device)
+    assert str(info.value).startswith("tiers[0].device: ")
+    assert check_device(_Table({}, "tiers[0]"), "cuda:3") == "cuda:3"
+
+
 def test_invalid_toml_syntax(tmp_path: Path) -> None:
     bad = '[engine]\nwrite_policy = "write_back\n'
     with pytest.raises(ConfigError) as info:

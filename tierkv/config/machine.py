@@ -41,7 +41,9 @@ def check_device(t: KeyErrors, device: str) -> str:
         return device
     if device == "cuda" or device.startswith("cuda:"):
         suffix = device.partition(":")[2]
-        if suffix and not suffix.isdigit():
+        # ASCII digits, at least one: str.isdigit also takes full-width and superscript
+        # digits (int reads a full-width 1 as 1), and an empty "cuda:" was read as cuda:0
+        if device != "cuda" and not (suffix.isascii() and suffix.isdigit()):
             raise t.error("device", f"{device!r} is not a device (use auto, cpu or cuda:N)")
         if not torch.cuda.is_available():
             raise t.error("device", f"{device!r} requested but this machine has no CUDA device")
