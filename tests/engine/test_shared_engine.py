@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -364,9 +366,38 @@ async def test_a_server_killed_mid_run(fresh_redis_server: RedisServer) -> None:
 
 async def test_an_invalidation_made_while_the_server_is_down_is_published_when_it_returns(
         fresh_redis_server: RedisServer) -> None:
-    """A invalidates a key B holds while the server is down: B keeps it meanwhile (nothing can
-    tell it), and drops it once the server is back and A's kept invalidation is published
-    (A's health watch tries every second); the server's record of it is deleted too."""
+    """A invalidates a key B holds while the server does not answer (frozen: its data kept):
+    B keeps it meanwhile (nothing can tell it), and drops it once the server answers and A's
+    kept invalidation is published (A's health watch tries every second); the server's record
+    of it is deleted too. Nothing else is dropped: the log is the one B read."""
+    server = fresh_redis_server
+    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"K", b"old")
+        await a.put(b"other", b"kept")
+        await a.settle()
+        assert await b.get_many([b"K", b"other"]) == [b"old", b"kept"]
+        await b.settle()
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            assert await a.invalidate(b"K") == 1
+            assert await a.get(b"K") is None
+            assert await b.get(b"K") == b"old"  # B cannot know yet
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        await eventually(lambda: dropped(b, b"K"), within=10.0)
+        assert await b.get(b"K") is None
+        assert engine_stats(a)["shared_republished"] >= 1
+        assert server.command("EXISTS", server_key(b"K")) == 0
+        assert await b.contains(b"other")
+        assert tier_stats(b)["log_history_lost"] == 0
+
+
+async def test_a_server_restarted_empty_loses_its_log_and_the_engines_drop_what_they_hold(
+        fresh_redis_server: RedisServer) -> None:
+    """A server restarted without its data has lost the fleet's log, and with it whatever
+    invalidations an engine had not read yet: an engine that finds a new log drops what it
+    holds (misses, never a stale hit) and shares again."""
     server = fresh_redis_server
     configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
     async with engines(*configs) as (a, b):
@@ -375,14 +406,11 @@ async def test_an_invalidation_made_while_the_server_is_down_is_published_when_i
         assert await b.get(b"K") == b"old"
         await b.settle()
         server.kill()
-        assert await a.invalidate(b"K") == 1
-        assert await a.get(b"K") is None
-        assert await b.get(b"K") == b"old"  # B cannot know yet
         await asyncio.to_thread(server.restart)
         await eventually(lambda: dropped(b, b"K"), within=10.0)
-        assert await b.get(b"K") is None
-        assert engine_stats(a)["shared_republished"] >= 1
-        assert server.command("EXISTS", server_key(b"K")) == 0
+        assert tier_stats(b)["log_history_lost"] >= 1
+        await shares_again(a, b"new", b"value")
+        assert await b.get(b"new") == b"value"
 
 
 async def shares_again(kv: tierkv.Engine, key: bytes, value: bytes) -> None:

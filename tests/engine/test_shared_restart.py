@@ -5,6 +5,8 @@ reaches back to that cursor, nothing it recovered is served."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -66,9 +68,9 @@ async def test_an_engine_the_log_no_longer_reaches_back_to_drops_what_it_recover
 
 async def test_an_invalidation_the_server_never_took_is_published_after_a_restart(
         tmp_path: Path, fresh_redis_server: RedisServer) -> None:
-    """A invalidates a key B holds while the server is down, then closes: the invalidation is
-    kept in A's pool; once the server is back and A reopens, it is published, and B drops the
-    key."""
+    """A invalidates a key B holds while the server does not answer (frozen: its data kept),
+    then closes: the invalidation is kept in A's pool; once the server answers and A reopens,
+    it is published, and B drops the key (through the log: B's log is intact)."""
     server = fresh_redis_server
     # 1 s, not less: a server killed refuses at once, and a loaded CI machine once took longer
     # than 300 ms to answer the first open's first read of the fleet's log
@@ -82,12 +84,15 @@ async def test_an_invalidation_the_server_never_took_is_published_after_a_restar
             await kv.settle()
             assert await other.get(b"K") == b"old" * 100
             await other.settle()
-            server.kill()
-            assert await kv.invalidate(b"K") == 1
+            os.kill(server.pid, signal.SIGSTOP)
+            try:
+                assert await kv.invalidate(b"K") == 1
+                await kv.close()  # the server still down: the invalidation is saved, not published
+            finally:
+                os.kill(server.pid, signal.SIGCONT)
         finally:
-            await kv.close()  # the server still down: the invalidation is saved, not published
+            await kv.close()
         assert await other.get(b"K") == b"old" * 100
-        await asyncio.to_thread(server.restart)
         async with tierkv.open(a) as kv:
             deadline = asyncio.get_running_loop().time() + 10.0
             while await other.contains(b"K"):
@@ -95,3 +100,33 @@ async def test_an_invalidation_the_server_never_took_is_published_after_a_restar
                 await asyncio.sleep(0.05)
             assert kv.stats()["engine"]["shared_republished"] >= 1
         assert await other.get(b"K") is None
+
+
+async def test_an_engine_away_while_the_server_lost_its_log_drops_what_it_recovered(
+        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
+    """The server restarted without its data while this engine was closed: the log that said
+    what was invalidated meanwhile is gone (no horizon says so), so the engine cannot trust
+    what it recovered."""
+    server = fresh_redis_server
+    writer = {"tiers": [gpu_tier(), {"name": "shared", "kind": "redis", "url": server.url,
+                                     "capacity": "64MiB", "timeout": "1s"}]}
+    reader = engine(tmp_path / "b", server.url, timeout="1s")
+    async with tierkv.open(writer) as kv:
+        await kv.put(b"K", b"v1" * 100)
+        await kv.put(b"L", b"kept" * 100)
+        await kv.settle()
+        async with tierkv.open(reader) as other:
+            assert await other.get_many([b"K", b"L"]) == [b"v1" * 100, b"kept" * 100]
+            await other.settle()
+        assert await kv.invalidate(b"K") == 1  # the reader is away
+    server.kill()
+    await asyncio.to_thread(server.restart)
+    async with tierkv.open(reader) as other:
+        assert other.stats()["engine"]["shared_recovered_dropped"] >= 1
+        assert await other.get(b"K") is None
+    # its own log, read to the end and saved at close, is trusted at the next open
+    async with tierkv.open(reader) as other:
+        await other.put(b"M", b"mine" * 100)
+    async with tierkv.open(reader) as other:
+        assert other.stats()["engine"]["shared_recovered_dropped"] == 0
+        assert await other.get(b"M") == b"mine" * 100

@@ -49,7 +49,10 @@ log = logging.getLogger("tierkv.engine")
 Found = tuple[ObjectMeta, Payload]
 #: ancestors one staleness check follows at most (a chain of 64 Ki tokens in 16-token blocks)
 MAX_ANCESTORS = 4096
-_CURSOR = struct.Struct("<Q")
+#: the saved position in the fleet's log: its cursor, and the epoch of the log it was read in
+#: (`Fleet.reaches`); a save of the cursor alone (8 bytes) is read as of an unknown epoch
+_CURSOR = struct.Struct("<Q8s")
+_CURSOR_ALONE = struct.Struct("<Q")
 #: invalidations kept while the server is unreachable, at most (the oldest go beyond)
 MAX_UNPUBLISHED = 100_000
 #: drops a key locally and what derives from it (the engine's invalidation, local only)
@@ -91,21 +94,28 @@ class Shared:
         if not len(self._st.index):
             return
         saved = await self._saved_cursor()
-        if (saved if saved is not None else 0) < fleet.horizon:
+        cursor, epoch = saved if saved is not None else (0, None)
+        if cursor < fleet.horizon or not await fleet.reaches(cursor, epoch):
             log.warning("the shared tier's invalidation log no longer reaches back to when "
                         "this engine last ran: dropping the objects it recovered")
             self._st.counters.shared_recovered_dropped += len(self._st.index)
             await self._history_lost()
             return
-        since = saved if saved is not None else -1
+        since = cursor if saved is not None else -1
         for key in [key for key, order in fleet.tombs.items()
                     if order > since and key in self._st.index]:
             await forget(key)
 
-    async def _saved_cursor(self) -> int | None:
-        copies = [(meta.generation, int(_CURSOR.unpack(payload)[0]))
-                  for meta, payload in await read_own(self._st, FLEET_CURSOR_KEY)
-                  if meta.nbytes == _CURSOR.size]
+    async def _saved_cursor(self) -> tuple[int, bytes | None] | None:
+        """The newest saved (cursor, epoch of its log), if any was saved."""
+        copies: list[tuple[int, tuple[int, bytes | None]]] = []
+        for meta, payload in await read_own(self._st, FLEET_CURSOR_KEY):
+            if meta.nbytes == _CURSOR.size:
+                cursor, epoch = _CURSOR.unpack(payload)
+                copies.append((meta.generation, (int(cursor), bytes(epoch))))
+            elif meta.nbytes == _CURSOR_ALONE.size:
+                copies.append((meta.generation,
+                               (int(_CURSOR_ALONE.unpack(payload)[0]), None)))
         return max(copies)[1] if copies else None  # the newest copy's
 
     async def save_cursor(self) -> None:
@@ -121,7 +131,8 @@ class Shared:
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
                        if self._unpublished else None)
         try:
-            kept = await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(self.tier.fleet.cursor),
+            fleet = self.tier.fleet
+            kept = await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(fleet.cursor, fleet.epoch),
                                   tiers)
             await keep_own(st, UNPUBLISHED_KEY, unpublished, kept)  # beside its cursor
             for tier in kept:

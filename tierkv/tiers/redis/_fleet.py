@@ -17,6 +17,14 @@ next records are stamped after it.
 `tombs` maps each key the retained log invalidated to the order of the latest entry naming it.
 `horizon`: entries up to this order were trimmed (the newest trimmed, which the publisher that
 trimmed it records, `_APPEND`); a record stamped before it cannot be checked and is refused.
+
+A log can also be lost whole: a server restarted without persistence, a `FLUSHALL`, a stream
+evicted under `maxmemory`. The log then has no horizon to say so, and reads as one where nothing
+happened. So each log has an *epoch*, a random id set beside it by the first engine that finds
+none (`_SURVEY`), and a position in the log is checked where it was read (`reaches`): a cursor
+after the horizon must still name an entry of the stream, and a cursor at the start (no entry
+read yet) must be of the same epoch. Where neither holds, what was invalidated meanwhile cannot
+be known, and the engine drops what it holds, as for a trimmed history.
 """
 
 from __future__ import annotations
@@ -61,6 +69,29 @@ return redis.call('XADD', KEYS[1], '*', 'o', ARGV[2], 'k', ARGV[3])
 """
 
 
+#: what a follower must know of the log when it (re)connects: its epoch (set here if none),
+#: its horizon, and whether the entry of a cursor is still in it. KEYS: the stream, the epoch,
+#: the horizon; ARGV: an epoch to set if there is none, the cursor's entry id ("0-0": none).
+_SURVEY = """
+redis.call('SET', KEYS[2], ARGV[1], 'NX')
+local found = 0
+if ARGV[2] ~= '0-0' then
+    found = #redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+end
+return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]) or false, found}
+"""
+
+
+def _reaches(cursor: int, epoch: bytes | None, survey: tuple[bytes, int, bool]) -> bool:
+    """`Fleet.reaches` of a survey of the log (`_SURVEY`): a cursor at or before the
+    horizon reaches it only if it is the horizon (nothing after it was trimmed); one after it
+    only if its entry is still there; no cursor (nothing read yet) only in the same log."""
+    epoch_now, horizon, found = survey
+    if cursor > 0:
+        return cursor == horizon if cursor <= horizon else found
+    return epoch is None or epoch == epoch_now
+
+
 def entry_order(entry_id: bytes | str) -> int:
     """The integer order of a stream entry id ``ms-seq``."""
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -85,6 +116,9 @@ class Fleet:
         # one hash tag: the log and its horizon live in one cluster slot, for `_APPEND`
         self.stream = prefix + b"{fleet}:invalidations"
         self.horizon_key = prefix + b"{fleet}:horizon"
+        self.epoch_key = prefix + b"{fleet}:epoch"
+        #: the log's epoch (`reaches`), as the last survey of it found it
+        self.epoch = b""
         #: this engine's mark on its entries, so that its follower does not apply them twice
         self.origin = os.urandom(8)
         self.tombs: dict[bytes, int] = {}
@@ -207,21 +241,37 @@ class Fleet:
             self.cursor = max(self.cursor, order)
             self._advanced.notify_all()
 
+    async def reaches(self, cursor: int, epoch: bytes | None) -> bool:
+        """Whether the log still holds everything after `cursor`, a position read in the log
+        of `epoch` (None: not known, an older engine's save): see the module."""
+        return _reaches(cursor, epoch, await self._survey(cursor))
+
+    async def _survey(self, cursor: int) -> tuple[bytes, int, bool]:
+        """The log's epoch, its horizon and whether `cursor`'s entry is in it (`_SURVEY`)."""
+        epoch, trimmed, found = await self._call(self._client.eval(
+            _SURVEY, 3, self.stream, self.epoch_key, self.horizon_key, os.urandom(8),
+            _entry_id(cursor)))
+        return bytes(epoch), entry_order(trimmed) if trimmed else 0, bool(found)
+
     async def _read_horizon(self) -> None:
-        """Learn what was trimmed; if entries this engine had not read are gone, it cannot
-        know what they invalidated: the lost listener clears what it holds."""
-        trimmed = await self._call(self._client.get(self.horizon_key))
-        horizon = entry_order(trimmed) if trimmed else 0
-        lost = horizon > self.cursor and self.cursor > 0
+        """Learn what was trimmed, and whether the log is still the one this engine read; if
+        entries it had not read are gone, or the whole log, it cannot know what they
+        invalidated: the lost listener clears what it holds, and the follower reads on from
+        what the log holds now."""
+        survey = await self._survey(self.cursor)
+        epoch, horizon, _found = survey
+        lost = not _reaches(self.cursor, self.epoch or None, survey)
+        self.epoch = epoch
         self.horizon = max(self.horizon, horizon)
         if lost:
             self._counters["log_history_lost"] += 1
-            log.warning("invalidations this engine had not read were trimmed from the shared "
-                        "log: dropping the objects it holds")
+            log.warning("invalidations this engine had not read are gone from the shared "
+                        "log (trimmed, or the log itself lost): dropping the objects it holds")
             if self._lost is not None:
                 await self._lost()
             async with self._advanced:
-                self.cursor = max(self.cursor, horizon)
+                # trimmed: on from the horizon; a lost log: from what the new one holds
+                self.cursor = horizon
                 self._advanced.notify_all()
 
     def stats(self) -> dict[str, Any]:
