@@ -93,14 +93,6 @@ def terminable() -> Iterator[None]:
         _state.signum = None
 
 
-def install() -> None:
-    """The handlers of `terminable`, for good: the CLI's entry point sets them before its heavy
-    imports (torch takes seconds), so that a signal then exits as it would later."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in SIGNALS:
-            signal.signal(signum, _on_signal)
-
-
 def run(main: Coroutine[Any, Any, T], *, stop: asyncio.Event | None = None) -> T:
     """``asyncio.run(main)``, whose main task the first signal under `terminable` cancels:
     `Terminated` once its clean-up ran and the loop is closed. With `stop`, the signal sets
