@@ -91,13 +91,18 @@ def _replaying(tmp_path: Path, errors: Path) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "tierkv.cli", "bench", "--config", str(config), "--trace",
              str(trace), "--capacity", "25%", "--block-size", "4KiB"],
             stdout=subprocess.DEVNULL, stderr=stderr)
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "log").glob("tierkv-trace-*/*")):  # its scratch log is made
-        assert bench.poll() is None, errors.read_text()
-        assert time.monotonic() < deadline, "the replay never made its scratch media"
-        time.sleep(0.05)
-    time.sleep(0.5)  # replaying
-    assert bench.poll() is None, "the replay ended before it could be signalled"
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "log").glob("tierkv-trace-*/*")):  # its scratch log is made
+            assert bench.poll() is None, errors.read_text()
+            assert time.monotonic() < deadline, "the replay never made its scratch media"
+            time.sleep(0.05)
+        time.sleep(0.5)  # replaying
+        assert bench.poll() is None, "the replay ended before it could be signalled"
+    except BaseException:
+        bench.kill()
+        bench.wait()
+        raise
     return bench
 
 
@@ -131,29 +136,12 @@ def test_repeated_signals_end_a_trace_replay_once(tmp_path: Path, signum: signal
 
 @pytest.mark.pmem
 def test_a_terminated_trace_replay_leaves_no_scratch_media(tmp_path: Path) -> None:
-    config = tmp_path / "devices.toml"
-    config.write_text(three_tier_toml(tmp_path))
-    trace = _trace(tmp_path / "trace.jsonl", 200_000)
-    errors = tmp_path / "stderr"
-    with errors.open("w") as stderr:
-        bench = subprocess.Popen(
-            [sys.executable, "-m", "tierkv.cli", "bench", "--config", str(config), "--trace",
-             str(trace), "--capacity", "25%", "--block-size", "4KiB"],
-            stdout=subprocess.DEVNULL, stderr=stderr)
+    bench = _replaying(tmp_path, tmp_path / "stderr")
     try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "log").glob("tierkv-trace-*/*")):  # its scratch log is made
-            assert bench.poll() is None, errors.read_text()
-            assert time.monotonic() < deadline, "the replay never made its scratch media"
-            time.sleep(0.05)
-        time.sleep(0.5)  # replaying
-        assert bench.poll() is None, "the replay ended before it could be terminated"
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == EXIT_TERMINATED
     finally:
         if bench.poll() is None:
             bench.kill()
             bench.wait()
-    left = [path for directory in ("pool", "log")
-            for path in (tmp_path / directory).glob("tierkv-trace-*")]
-    assert not left
+    assert not _scratch_left(tmp_path)
