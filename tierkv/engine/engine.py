@@ -24,8 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,6 +47,7 @@ from tierkv.engine._read_calls import ReadCalls
 from tierkv.engine._reads import Reads
 from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
+from tierkv.engine._slo import slo_seconds
 from tierkv.engine._state import EngineState
 from tierkv.engine._storms import MissStormCallback
 from tierkv.engine._tombstones import Tombstones
@@ -73,22 +72,6 @@ if TYPE_CHECKING:
 
 KeyT = TypeVar("KeyT", bound=Key)
 ValueT = TypeVar("ValueT", bound=Value)
-
-
-def _slo_seconds(latency_slo: object) -> float:
-    """`put`'s `latency_slo` as seconds: `TypeError` for what is not a real number (a bool is
-    not one, though Python counts it as an int), `ValueError` for one that is not positive and
-    finite (an int too large for a float included)."""
-    if isinstance(latency_slo, bool) or not isinstance(latency_slo, numbers.Real):
-        raise TypeError(f"latency_slo is a number of seconds, not a {type(latency_slo).__name__}")
-    try:
-        seconds = float(latency_slo)
-    except OverflowError:  # math.isfinite would raise it too, for an int beyond a float
-        seconds = math.inf
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"latency_slo must be a positive, finite number of seconds, not "
-                         f"{latency_slo!r:.40}")
-    return seconds
 
 
 class Engine(ReadCalls):
@@ -180,8 +163,7 @@ class Engine(ReadCalls):
             await st.quiet.wait()
             await self._shared.stop()
             await self._background.stop_expiry()
-            # what no write waits for (promotions, shares) goes unpaced: a backlog paced at a
-            # low `background_bandwidth` would hold the close for backlog / rate seconds
+            # promotions and shares go unpaced: a backlog would hold the close backlog / rate s
             st.background_budget.lift()
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
@@ -246,7 +228,7 @@ class Engine(ReadCalls):
         meta, payload = encode_value(value, parents=tuple(derived))
         check_header(raw, meta)  # refused now, not when a flush or a demotion writes it down
         if latency_slo is not None:
-            latency_slo = _slo_seconds(latency_slo)
+            latency_slo = slo_seconds(latency_slo)
         with self._span(PUT, raw) as span:
             async with self._call():
                 if latency_slo is not None and st.scheduler.profiles is None:
