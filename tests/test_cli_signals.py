@@ -69,6 +69,30 @@ def test_sigterm_between_runs_unwinds_too() -> None:
         time.sleep(5)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_command_starts_ends_it_quietly(tmp_path: Path,
+                                                           signum: signal.Signals) -> None:
+    """Early on, the command is still importing (torch: seconds); later it serves. Wherever the
+    signal lands, the process ends with 128 + the signal and prints no traceback."""
+    config = tmp_path / "devices.toml"
+    config.write_text('[[tiers]]\nname = "l1"\nkind = "gpu"\ndevice = "cpu"\n'
+                      'capacity = "64KiB"\nslot_size = "4KiB"\n')
+    for delay in (0.3, 0.8, 1.5):
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tierkv.cli", "serve-metrics", "--config", str(config),
+             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(delay)
+            process.send_signal(signum)
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        assert process.returncode == 128 + signum, (delay, stderr)
+        assert "Traceback" not in stderr, (delay, stderr)
+
+
 def _trace(path: Path, requests: int) -> Path:
     rng = random.Random(3)
     lines = []
