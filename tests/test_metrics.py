@@ -7,6 +7,7 @@ prefixes do not."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import re
@@ -24,9 +25,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import tierkv
+from tests.engine._configs import hierarchy_config
 from tests.engine.conftest import l1_config
 from tierkv.health import BreakerState, MissStormAlert
 from tierkv.metrics import EngineMetrics, Histogram, register, unregister
+from tierkv.testing import Stepped
 
 ALERT_BITS = 1.2  # [health] entropy_alert_bits, the default
 
@@ -199,6 +202,47 @@ async def test_register_unregister_and_one_engine_per_registry() -> None:
         unregister(collector)  # a no-op the second time
         assert not parse(generate_latest(registry).decode())
         register(other, registry)
+
+
+
+def tier_counters(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+    """Every tier's hits and misses in the exposition: (sample, tier) → value."""
+    families = parse(generate_latest(registry).decode())  # on the loop: read directly
+    return {(sample.name, sample.labels["tier"]): sample.value
+            for name in ("tierkv_tier_hits", "tierkv_tier_misses")
+            for sample in families[name].samples}
+
+
+async def test_tier_counters_never_decrease_while_gets_are_in_flight(tmp_path: Path) -> None:
+    """A get read from the log after a reopen, scraped at each of its awaits: no tier's hits or
+    misses go down (a get still reading counted as a miss of the tier about to serve it, and
+    stopped counting once served); one cancelled there counts as no tier's miss either, so
+    the last tier's misses stay the engine's."""
+    config = hierarchy_config(tmp_path, ("gpu", "nvme"))
+    async with tierkv.open(config) as kv:
+        await kv.put("a", os.urandom(10_000))
+        await kv.put("b", os.urandom(10_000))
+    async with tierkv.open(config) as kv:  # the gpu tier is empty: gets read the log
+        registry = CollectorRegistry()
+        register(kv, registry)
+        seen = [tier_counters(registry)]
+        get = Stepped(kv.get("a"))
+        while await get.step():
+            seen.append(tier_counters(registry))
+        seen.append(tier_counters(registry))
+        assert get.result() is not None
+        for before, after in itertools.pairwise(seen):
+            assert all(after[sample] >= value for sample, value in before.items()), (before,
+                                                                                     after)
+        assert seen[-1][("tierkv_tier_hits_total", "nvme")] == 1
+        assert seen[-1][("tierkv_tier_misses_total", "gpu")] == 1
+        assert seen[-1][("tierkv_tier_misses_total", "nvme")] == 0
+        cancelled = Stepped(kv.get("b"))
+        assert await cancelled.step()  # reading "b" from the log
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled.cancel()
+        m = kv.metrics()
+    assert m.tier("nvme").misses == m.misses == 0
 
 
 @pytest.fixture

@@ -13,15 +13,18 @@ from tierkv.metrics.snapshot import Admission, EngineMetrics, MissStorm, TierMet
 def engine_metrics(st: EngineState, *, in_flight: int, pinned: int) -> EngineMetrics:
     counters, latency = st.counters, st.latency
     tiers: list[TierMetrics] = []
-    served = 0  # gets served by the tiers so far, fastest first
+    # a tier's misses: the gets that ended served by a slower tier or by none. Counted from
+    # ended gets only (a get counts in `gets` as it starts): one still reading would count as
+    # a miss of the tier about to serve it, and a scrape then saw that counter go down.
+    unserved = counters.misses + sum(counters.hits.values())
     for index, (tier, name) in enumerate(zip(st.tiers, st.names, strict=True)):
         hits = counters.hits.get(name, 0)
-        served += hits
+        unserved -= hits
         admission = st.scheduler.admission.get(index)
         tiers.append(TierMetrics(
             name=name, kind=tier.kind, persistent=tier.persistent,
             capacity_bytes=tier.capacity, used_bytes=tier.used,
-            hits=hits, misses=max(counters.gets - served, 0),
+            hits=hits, misses=unserved,
             bytes_written=counters.written_bytes.get(name, 0),
             bytes_read=st.read_bytes[index],
             evictions=counters.evictions.get(name, 0),
