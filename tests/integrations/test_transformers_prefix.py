@@ -317,8 +317,10 @@ async def test_bad_prompts_and_foreign_caches_are_refused(kv: tierkv.Engine) -> 
 @pytest.mark.gpu
 async def test_on_cuda_the_cache_is_loaded_onto_the_models_device(tmp_path: Path) -> None:
     model = moved(new_model(FP32), "cuda")
-    config = engine_config(tmp_path)
-    config["tiers"][0]["device"] = "cuda:0"
+    # the gpu tier alone, which holds the three blocks: the pmem tier needs PMDK, which a
+    # machine with a GPU need not have, and is not what this test is about
+    config = hierarchy_config(tmp_path, ("gpu",), gpu={"device": "cuda:0", "capacity": MiB,
+                                                      "slot_size": 64 * KiB})
     prompt = tokens(3 * BLOCK + 4, seed=15).to("cuda")
     async with tierkv.open(config) as kv:
         cache = PrefixCache(kv, model, model_id="llama@rev1")

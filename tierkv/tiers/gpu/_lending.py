@@ -22,13 +22,16 @@ import torch
 
 
 class _DeviceBytes:
-    """A range of CUDA memory described by ``__cuda_array_interface__`` (owner of a view)."""
+    """A range of `storage` described by ``__cuda_array_interface__`` (owner of a view). It
+    holds `storage`: the interface is a bare pointer, and a view that outlives the tier must
+    not read memory the allocator has handed to someone else."""
 
-    def __init__(self, pointer: int, nbytes: int) -> None:
+    def __init__(self, storage: torch.Tensor, offset: int, nbytes: int) -> None:
+        self.storage = storage
         self.__cuda_array_interface__: dict[str, Any] = {
             "shape": (nbytes,),
             "typestr": "|u1",
-            "data": (pointer, False),
+            "data": (storage.data_ptr() + offset, False),
             "version": 2,
         }
 
@@ -40,7 +43,7 @@ def lend(host: memoryview | None, storage: torch.Tensor, offset: int, nbytes: in
     last tensor using that memory is gone (on whatever thread drops it)."""
     if host is not None:
         return torch.from_numpy(_host_owner(host, offset, nbytes, returned))
-    owner = _DeviceBytes(storage.data_ptr() + offset, nbytes)
+    owner = _DeviceBytes(storage, offset, nbytes)
     view = torch.as_tensor(owner, device=storage.device)
     weakref.finalize(owner, returned)
     return view

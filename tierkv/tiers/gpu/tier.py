@@ -273,12 +273,22 @@ class GpuTier(Tier):
 
     def _view_returned(self, allocation: _Allocation) -> None:
         allocation.views -= 1
+        self._after_caller()
         self._free_if_unused(allocation)
 
     def release_pin(self, token: PinToken) -> None:
         assert isinstance(token, _Allocation), "a pin token comes from acquire_pin"
         token.pins -= 1
+        self._after_caller()
         self._free_if_unused(token)
+
+    def _after_caller(self) -> None:
+        """On CUDA, order the tier's later copies after the work queued so far on the device's
+        current stream: the kernels through which a pin's holder read or wrote the lent view
+        run there, and no copy may read the object before they wrote it, nor fill its slots
+        with the next object before they read it."""
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
 
     def is_pinned(self, key: bytes) -> bool:
         allocation = self._objects.get(key)
@@ -355,6 +365,10 @@ class GpuTier(Tier):
         await self._wait(event)
         if meta.kind is ValueKind.BYTES:
             return bytes(payload_view(out))
+        # `out` came from the allocator's pool of the tier's stream, which alone would let the
+        # next get take its memory as soon as the caller drops it, while kernels the caller
+        # queued on its own stream may still read it
+        out.record_stream(torch.cuda.current_stream(self.device))
         return out
 
     # -- introspection ---------------------------------------------------------------------------
