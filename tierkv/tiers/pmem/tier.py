@@ -127,7 +127,15 @@ class PmemTier(Tier):
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _open(self) -> list[RecoveredObject]:
-        return await self._lanes.start(self._open_sync)
+        try:
+            return await self._lanes.start(self._open_sync)
+        except BaseException:
+            # cancelled (a caller's startup timeout): the walk ran on in its thread to its end
+            # (`start` waits for it) and may have opened the pool; a tier that never became
+            # OPEN is never closed, so the pool stayed held and every later open of it in this
+            # process was refused as in use
+            await self._close()
+            raise
 
     async def _close(self) -> None:
         await self._lanes.close()

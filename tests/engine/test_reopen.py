@@ -1,0 +1,45 @@
+"""Reopening in the same process: an open that failed or was cancelled leaves the media free,
+so that the next `tierkv.open` of the same config recovers what is stored."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine._configs import KiB, MiB, hierarchy_config
+from tierkv.testing import cancel_at
+
+pytestmark = pytest.mark.pmem
+
+
+def _config(directory: Path, kinds: tuple[str, ...]) -> dict[str, Any]:
+    return hierarchy_config(directory, kinds, gpu={"capacity": 256 * KiB, "slot_size": 16 * KiB},
+                            pmem={"capacity": 16 * MiB}, nvme={"capacity": 16 * MiB})
+
+
+@pytest.mark.parametrize("kinds", [("gpu", "pmem"), ("gpu", "pmem", "nvme")], ids="-".join)
+async def test_an_open_cancelled_at_any_await_leaves_the_media_to_the_next_open(
+    tmp_path: Path, kinds: tuple[str, ...]
+) -> None:
+    """`tierkv.open` cancelled at each of its awaits in turn (a caller's startup timeout):
+    every time, a new open of the same config in the same process gets the pool and the log
+    (neither is left held by the cancelled one) and serves every stored object."""
+    cfg = _config(tmp_path, kinds)
+    values = {f"k{i}": bytes([i]) * (3000 + i) for i in range(40)}
+    async with tierkv.open(cfg) as kv:
+        for key, value in values.items():
+            await kv.put(key, value)
+
+    async def reopened(_k: int) -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.get_many(list(values)) == list(values.values())
+
+    async def open_engine(_k: int) -> tierkv.Engine:
+        return await tierkv.open(cfg)
+
+    cancelled, engine = await cancel_at(open_engine, after=reopened)
+    await engine.close()
+    assert cancelled > 0
