@@ -11,6 +11,7 @@ import pytest
 import tierkv
 from tests.engine._configs import KiB, MiB, hierarchy_config
 from tierkv.testing import cancel_at
+from tierkv.testing.faults import FaultPlan, open_with_faults
 
 pytestmark = pytest.mark.pmem
 
@@ -36,6 +37,39 @@ async def test_an_open_cancelled_at_any_await_leaves_the_media_to_the_next_open(
     async def reopened(_k: int) -> None:
         async with tierkv.open(cfg) as kv:
             assert await kv.get_many(list(values)) == list(values.values())
+
+    async def open_engine(_k: int) -> tierkv.Engine:
+        return await tierkv.open(cfg)
+
+    cancelled, engine = await cancel_at(open_engine, after=reopened)
+    await engine.close()
+    assert cancelled > 0
+
+
+async def test_an_open_cancelled_while_it_applies_recorded_tombstones_leaves_the_media(
+    tmp_path: Path,
+) -> None:
+    """The same with a record of refused deletes on media, which an open reads and applies
+    after the tiers are open: cancelled there too, the next open gets the media, and the
+    deleted object stays deleted."""
+    cfg = _config(tmp_path, ("gpu", "pmem", "nvme"))
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    await kv.put("deleted", b"old value")
+    await kv.put("kept", b"kept value")
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+    assert await kv.delete("deleted")
+    await kv.close()  # the pool still refuses: the delete is recorded as a tombstone
+
+    async def reopened(_k: int) -> None:
+        # the pool still refuses deletes: its close records the tombstone again for the next
+        kv = await open_with_faults(cfg, plan)
+        try:
+            assert await kv.get_many(["deleted", "kept"]) == [None, b"kept value"]
+            assert kv.stats()["engine"]["recovered_tombstoned"] == 1
+        finally:
+            await kv.close()
 
     async def open_engine(_k: int) -> tierkv.Engine:
         return await tierkv.open(cfg)

@@ -113,18 +113,42 @@ class Engine(ReadCalls):
         """Open every tier, index what the persistent ones recovered, start the background."""
         st = self._st
         await open_tiers(st)
-        await self._tombstones.recover()
-        self._closed = False
-        self._executor.start()
-        for index, tier in enumerate(self.tiers):
-            tier.set_drop_listener(functools.partial(self._dropped, index))
-            tier.set_space_listener(st.spaces[index].freed)
-            if tier.reclaims_space:
-                # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule,
-                # but for the engine's records)
-                tier.set_reclaim_worth(functools.partial(st.scheduler.reclaim_worth, index))
-        self._background.start()
-        await self._shared.start(self._invalidations.forget)
+        try:
+            await self._tombstones.recover()
+            self._closed = False
+            self._executor.start()
+            for index, tier in enumerate(self.tiers):
+                tier.set_drop_listener(functools.partial(self._dropped, index))
+                tier.set_space_listener(st.spaces[index].freed)
+                if tier.reclaims_space:
+                    # which copies a reclaimed region keeps is policy (`lru`: the tier's own
+                    # rule, but for the engine's records)
+                    tier.set_reclaim_worth(functools.partial(st.scheduler.reclaim_worth, index))
+            self._background.start()
+            await self._shared.start(self._invalidations.forget)
+        except BaseException:
+            # an open cut short once the tiers were open (cancelled, or the shared tier failing
+            # while its log is read): nobody gets this engine to close it, so what it started
+            # ends here and the tiers let go of their media; left open, the pool and the log
+            # refused every later open in this process as in use
+            self._closed = True
+            await self._shared.stop()
+            await self._executor.drain()
+            await st.drain_tasks()  # the scrub of a delete the cancel cut short, say
+            await self._stop_started()
+            raise
+
+    async def _stop_started(self) -> None:
+        """End the background work and close the tiers (the end of a close, and of an open
+        cut short)."""
+        st = self._st
+        st.closing = True
+        for space in st.spaces:
+            space.close()
+        await self._background.stop()
+        await self._executor.stop()
+        for tier in self.tiers:
+            await tier.close()
 
     def _lost_overwrite(self, key: bytes) -> None:
         """An overwriting put failed after it removed the old value: in the background, remove
@@ -172,13 +196,7 @@ class Engine(ReadCalls):
             await st.drain_tasks()
             await self._shared.save_cursor()
         finally:
-            st.closing = True
-            for space in st.spaces:
-                space.close()
-            await self._background.stop()
-            await self._executor.stop()
-            for tier in self.tiers:
-                await tier.close()
+            await self._stop_started()
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
