@@ -10,6 +10,7 @@ a child put while its parent is being invalidated ends invalidated too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -184,6 +185,30 @@ async def test_a_cycle_is_refused_before_anything_changes(tmp_path: Path) -> Non
             await kv.add_dependency(b"b", b"a")
         assert isinstance(DependencyCycleError(b"x", b"y"), tierkv.TierKVError)
         assert await kv.get(b"a") == b"A" and await kv.get(b"b") == b"B"
+
+
+async def test_a_put_that_left_no_value_leaves_no_edges_behind(tmp_path: Path) -> None:
+    """A put that failed, or was cancelled before its value was in place, leaves its key with
+    no value, so no edges from the parents it named: an engine serving for weeks kept one per
+    such put, for keys never written again."""
+    gpu = {"capacity": 4 * MiB, "slot_size": MiB, "host_copies": "workers"}
+    async with tierkv.open(hierarchy_config(tmp_path, ("gpu",), gpu=gpu)) as kv:
+        for i in range(20):
+            with pytest.raises(tierkv.TierFullError):  # larger than the hierarchy
+                await kv.put(b"failed%d" % i, bytes(8 * MiB), parents=[b"p%d" % i])
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
+        cancelled = [b"cancelled%d" % i for i in range(20)]
+        for i, key in enumerate(cancelled):
+            put = asyncio.create_task(kv.put(key, bytes(900_000), parents=[b"q%d" % i]))
+            await asyncio.sleep(0)  # the put holds its key and copies on a worker thread
+            put.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await put
+        await kv.settle()
+        # a value that landed all the same keeps its edge
+        stored = [await kv.contains(key) for key in cancelled].count(True)
+        assert stored < len(cancelled)  # the cancellations reached puts before their values
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (2 * stored, stored)
 
 
 async def test_add_dependency_links_existing_keys(tmp_path: Path) -> None:

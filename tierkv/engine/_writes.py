@@ -64,6 +64,11 @@ class Writes:
                 # may have failed) may be read again; no await here (a cancelled put too)
                 if old is not None and st.lost_overwrite is not None:
                     st.lost_overwrite(key)
+                if key not in st.index:
+                    # no value: like a key whose object left the cache, it drops the edges from
+                    # the parents this put named (kept, each failed or cancelled put of a key
+                    # never written again left its edges in the DAG for the engine's life)
+                    st.dag.unlink_parents(key)
                 raise
         return rewrites
 
