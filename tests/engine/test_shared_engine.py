@@ -313,6 +313,35 @@ async def test_a_record_that_predates_an_invalidation_is_refused(
         assert engine_stats(late)["shared_adopted"] == 0
 
 
+async def test_the_tombs_an_engine_keeps_follow_the_retention_not_the_keys_ever_invalidated(
+        redis_url: str, raw: aioredis.Redis) -> None:
+    """Each engine remembers which keys the log invalidated, to refuse records older than
+    that; it kept one such tomb per key the fleet ever invalidated (every overwrite publishes
+    its key), for as long as it ran. A tomb at or below the log's horizon decides nothing (a
+    record stamped before the horizon is refused anyway), so those go, and a record that
+    predates an invalidation is still refused once its tomb has gone."""
+    config = shared_config(url=redis_url, retention="50ms")
+    async with engines(config, config) as (a, b):
+        await a.put(b"K", b"old")
+        await a.settle()
+        saved = await raw.get(server_key(b"K"))
+        assert saved is not None
+        await a.invalidate(b"K")
+        invalidated = 4000
+        for i in range(invalidated):  # over many times the retention
+            await a.invalidate(b"gone-%d" % i)
+
+        async def caught_up() -> bool:
+            return bool(tier_stats(b)["log_cursor"] == tier_stats(a)["log_cursor"])
+
+        await eventually(caught_up)
+        for kv in (a, b):
+            assert tier_stats(kv)["tombs"] < invalidated // 2
+        await raw.set(server_key(b"K"), saved)  # the record comes back, as from a late writer
+        assert await b.get(b"K") is None
+        assert engine_stats(b)["shared_stale"] == 1
+
+
 async def heard_of_an_invalidation(kv: tierkv.Engine) -> bool:
     return bool(tier_stats(kv)["invalidations_received"] >= 1)
 

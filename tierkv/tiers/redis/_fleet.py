@@ -17,6 +17,11 @@ next records are stamped after it.
 `tombs` maps each key the retained log invalidated to the order of the latest entry naming it.
 `horizon`: entries up to this order were trimmed (the newest trimmed, which the publisher that
 trimmed it records, `_APPEND`); a record stamped before it cannot be checked and is refused.
+So a tomb at or below the horizon decides nothing, and the follower drops those: each time the
+tombs have doubled since the last time (from `PRUNE_AT`), it surveys the log again for its
+horizon (`_read_horizon`, which also finds unread entries trimmed away) and keeps the tombs
+above it. Without that, an engine kept one tomb per key the fleet ever invalidated (every
+overwrite publishes its key), for as long as it ran: the tombs follow the retention instead.
 
 A log can also be lost whole: a server restarted without persistence, a `FLUSHALL`, a stream
 evicted under `maxmemory`. The log then has no horizon to say so, and reads as one where nothing
@@ -53,6 +58,9 @@ _SEQ_BITS = 20
 _PAGE = 512
 #: the longest the follower waits before trying a lost connection again
 _MAX_BACKOFF = 2.0
+#: tombs the follower holds before it first drops those at or below the horizon (then twice
+#: what it kept: a survey and a pass over the tombs per as many new ones, amortised)
+PRUNE_AT = 1024
 
 
 #: appends an entry and trims what is older than the retention, atomically, keeping the id of
@@ -122,6 +130,8 @@ class Fleet:
         #: this engine's mark on its entries, so that its follower does not apply them twice
         self.origin = os.urandom(8)
         self.tombs: dict[bytes, int] = {}
+        #: the follower drops the tombs at or below the horizon once there are this many
+        self._prune_at = PRUNE_AT
         self.horizon = 0
         self.cursor = 0
         self._listener: Listener | None = None
@@ -220,7 +230,18 @@ class Fleet:
             answer[0][1] if answer else [])
         for entry_id, fields in entries:
             await self._apply(entry_order(entry_id), fields)
+        if len(self.tombs) >= self._prune_at:
+            await self._prune()
         return bool(entries)
+
+    async def _prune(self) -> None:
+        """Learn the log's horizon now, and drop the tombs at or below it: `stale` refuses
+        every record stamped before the horizon, and no tomb at or below it is after the
+        stamp of any other."""
+        await self._read_horizon()
+        horizon = self.horizon
+        self.tombs = {key: order for key, order in self.tombs.items() if order > horizon}
+        self._prune_at = max(2 * len(self.tombs), PRUNE_AT)
 
     async def _apply(self, order: int, fields: dict[bytes, bytes]) -> None:
         try:
