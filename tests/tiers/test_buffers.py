@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -46,6 +47,33 @@ def test_retention_is_bounded() -> None:
     results = [recycler.take(SIZE) for _ in range(4)]
     del results
     assert recycler.free_bytes == 2 * SIZE
+
+
+def test_the_free_lists_do_not_grow_with_the_sizes_ever_seen() -> None:
+    """A size whose last free buffer was taken, and whose buffer then came back to a full
+    recycler, left an empty free list behind for good: one per distinct size of a long-running
+    tier's results. Two phases of the same work on new sizes: the second must not grow."""
+    filler = 3 * SIZE // 4
+    recycler = BufferRecycler(SIZE)
+    held = [recycler.take(filler)]
+
+    def phase(sizes: range) -> int:
+        for size in sizes:
+            recycler.take(size)  # dropped at once: kept, the recycler had room
+            result = recycler.take(size)  # that buffer again
+            held.pop()  # the filler comes back first: no room left for `result`
+            del result
+            held.append(recycler.take(filler))
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        first = phase(range(MIN_RECYCLED, MIN_RECYCLED + 2000))
+        second = phase(range(MIN_RECYCLED + 2000, MIN_RECYCLED + 4000))
+    finally:
+        tracemalloc.stop()
+    assert second - first < 16 << 10  # an empty list per size: about 200 KiB
 
 
 def test_small_results_are_plain_arrays() -> None:

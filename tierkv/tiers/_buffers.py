@@ -117,6 +117,10 @@ class BufferRecycler:
             bucket = self._free.get(nbytes)
             if bucket:
                 backing = bucket.pop()
+                if not bucket:
+                    # its buffer may never come back (no room then): an empty list kept per
+                    # size ever seen grew without bound with varied sizes
+                    del self._free[nbytes]
                 self._free_bytes -= nbytes
                 self.reused += 1
         if backing is None:
