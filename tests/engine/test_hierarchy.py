@@ -19,6 +19,7 @@ from hypothesis.stateful import rule
 
 import tierkv
 from tests.engine.test_engine_state_machine import KEYS, ModelMachine, same
+from tierkv.errors import TierFullError
 
 
 def hierarchy(
@@ -135,6 +136,28 @@ async def test_write_through_puts_a_persistent_copy(tmp_path: Path) -> None:
         await kv.put("k", b"v" * 100)
         assert kv.stats()["tiers"]["pmem"]["used"] > 0
         assert await kv.get("k") == b"v" * 100
+
+
+async def test_write_through_refuses_what_no_persistent_tier_can_hold(tmp_path: Path) -> None:
+    """An object larger than the log's 1 MiB region fits the gpu tier alone: a write-through
+    put of it is refused before anything changes (acknowledged, it was in volatile memory only
+    and a crash lost it), and the key keeps its old, durable value across a reopen."""
+    config = hierarchy(tmp_path, pmem=False, write_policy="write_through", gpu_capacity="4MiB")
+    async with tierkv.open(config) as kv:
+        await kv.put("k", b"old")
+        with pytest.raises(TierFullError, match=r"no persistent tier \('nvme'\) can hold"):
+            await kv.put("k", os.urandom(1 << 20))
+        with pytest.raises(TierFullError):
+            await kv.put("big", os.urandom(1 << 20))
+        assert await kv.get("k") == b"old"
+        assert await kv.get("big") is None
+        assert kv.stats()["engine"]["unflushed"] == 0
+    async with tierkv.open(config) as kv:
+        assert await kv.get("k") == b"old"
+    config["engine"]["write_policy"] = "write_back"  # no promise of durability before a flush
+    async with tierkv.open(config) as kv:
+        await kv.put("big", big := os.urandom(1 << 20))
+        assert await kv.get("big") == big
 
 
 @pytest.mark.pmem

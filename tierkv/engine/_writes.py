@@ -40,6 +40,8 @@ class Writes:
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
+            if self._write_through:
+                self._check_durable(meta.nbytes)
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
             rewrites = old is not None or st.dag.has_children(key)
@@ -81,6 +83,17 @@ class Writes:
         for tier in entry.locations:
             claim.mark(tier)
 
+    def _check_durable(self, nbytes: int) -> None:
+        """`TierFullError` before anything changes when the hierarchy has persistent tiers and
+        none can ever hold `nbytes` (a pool too small, a log's region): a write-through put
+        acknowledged with the object in volatile memory only would be lost by a crash."""
+        st = self._st
+        persistent = [index for index, tier in enumerate(st.tiers) if tier.persistent]
+        if persistent and not any(st.tiers[index].can_ever_hold(nbytes) for index in persistent):
+            names = ", ".join(repr(st.names[index]) for index in persistent)
+            raise TierFullError(f"write_through: no persistent tier ({names}) can hold an "
+                                f"object of {nbytes} bytes, so none could make it durable")
+
     async def _make_durable(self, entry: IndexEntry, payload: Payload, placed: int,
                             claim: Claim) -> None:
         """Write-through: a persistent tier holds the object, on media, before `put` returns."""
@@ -89,7 +102,11 @@ class Writes:
             durable = st.scheduler.durable_tier(entry.nbytes, placed + 1)
             if durable is None:
                 self._check_breakers(entry.nbytes, placed + 1, persistent=True)
-                return  # no persistent tier can hold it: as durable as the hierarchy allows
+                if any(tier.persistent for tier in st.tiers):  # above it: it fell through
+                    raise TierFullError(f"write_through: an object of {entry.nbytes} bytes "
+                                        f"went to {st.names[placed]!r}, below every "
+                                        "persistent tier that can hold it")
+                return  # the hierarchy has no persistent tier: as durable as it allows
             placed = await self._copies.store(entry, payload, durable, claim)
             if not st.tiers[placed].persistent:  # they failed; it fell through to the shared tier
                 raise DeviceError(f"write_through: no persistent tier took an object of "
