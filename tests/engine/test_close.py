@@ -113,3 +113,37 @@ async def test_an_opening_is_entered_once(tmp_path: Path) -> None:
             async with opening:
                 pass
         await kv.put("k", b"v")
+
+
+async def test_pins_and_lookups_from_another_event_loop_are_refused(tmp_path: Path) -> None:
+    async with tierkv.open(gpu_pmem(tmp_path)) as kv:
+        values = {f"k{i}": os.urandom(60_000) for i in range(20)}
+        for key, value in values.items():
+            await kv.put(key, value)
+        await kv.settle()
+        placed = {key: await kv.locate(key) for key in values}
+        below = next(key for key, tier in placed.items() if tier == "pmem")
+        errors: list[BaseException] = []
+
+        async def intrude() -> None:
+            try:
+                # a pin of an object only in the pool would copy it into the gpu tier
+                async with kv.pin(below):
+                    pass
+            except RuntimeError as exc:
+                errors.append(exc)
+            for call in (kv.contains(below), kv.locate(below)):
+                try:
+                    await call
+                except RuntimeError as exc:
+                    errors.append(exc)
+
+        thread = threading.Thread(target=lambda: asyncio.run(intrude()))
+        thread.start()
+        await asyncio.to_thread(thread.join)
+        assert len(errors) == 3
+        assert all("event loop" in str(exc) for exc in errors)
+        assert await kv.locate(below) == "pmem"  # nothing was moved from the other thread
+        assert kv.stats()["engine"]["pinned"] == 0
+        async with kv.pin(below) as handle:  # the engine's own loop
+            assert bytes(handle.value.numpy()) == values[below]

@@ -8,10 +8,12 @@ is deleted or overwritten meanwhile. `PinContext` is what `Engine.pin` returns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 
 import torch
 
+from tierkv.engine._call import Call
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._state import EngineState
 from tierkv.errors import ObjectNotFound, TierFullError, TierKVError
@@ -78,17 +80,22 @@ class PinHandle:
 
 
 class PinContext:
-    """What `Engine.pin` returns: ``async with kv.pin(key) as handle: ...``."""
+    """What `Engine.pin` returns: ``async with kv.pin(key) as handle: ...``. Taking the pin
+    is a public call (`call`: the engine's `_call`): refused from another event loop, whose
+    thread would otherwise copy into the gpu tier and change the index beside the engine's
+    own, and waited for by `close`."""
 
-    def __init__(self, pins: Pins, key: Key) -> None:
+    def __init__(self, pins: Pins, key: Key, call: Callable[[], Call]) -> None:
         self._pins = pins
         self._key = key
+        self._call = call
         self._token: PinToken | None = None
 
     async def __aenter__(self) -> PinHandle:
         if self._token is not None:
             raise RuntimeError("a pin context is entered once")
-        token, flat, meta = await self._pins.acquire(self._key)
+        async with self._call():
+            token, flat, meta = await self._pins.acquire(self._key)
         self._token = token
         if meta.kind is ValueKind.BYTES:
             value = flat

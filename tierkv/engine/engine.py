@@ -372,10 +372,13 @@ class Engine(ReadCalls):
         while any handle holds it. Raises `ObjectNotFound` if the key is not stored.
         """
         self._check_open()
-        return PinContext(self._pins, key)
+        return PinContext(self._pins, key, self._call)
 
     # -- introspection ---------------------------------------------------------------------------
     def _check_open(self) -> None:
+        """The checks of a call that is not counted as one (`_call`): the engine's own loop
+        (`RuntimeError`), not closed."""
+        self._one_call.check_loop()
         if self._closed:
             raise EngineClosedError("the engine is closed")
 
