@@ -1,6 +1,7 @@
 """Restarting an engine that shares a redis tier: what the fleet invalidated while it was down
 is gone when it comes back (its saved cursor in the fleet's log), and if the log no longer
-reaches back to that cursor, nothing it recovered is served."""
+reaches back to that cursor, nothing it recovered is served; an open cancelled while it reads
+the fleet's log releases its local tiers."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 import tierkv
 from tests.engine._configs import gpu_tier, pmem_tier
 from tierkv.testing.redis_server import RedisServer
+from tierkv.testing.stepping import cancel_at
 
 pytestmark = [pytest.mark.redis, pytest.mark.pmem]
 
@@ -130,3 +132,23 @@ async def test_an_engine_away_while_the_server_lost_its_log_drops_what_it_recove
     async with tierkv.open(reader) as other:
         assert other.stats()["engine"]["shared_recovered_dropped"] == 0
         assert await other.get(b"M") == b"mine" * 100
+
+
+async def test_an_open_cancelled_at_any_await_leaves_its_tiers_closed(
+        tmp_path: Path, redis_url: str) -> None:
+    config = engine(tmp_path, redis_url)
+    async with tierkv.open(config) as kv:
+        await kv.put(b"k", b"v" * 100)
+
+    async def opening(_k: int) -> tierkv.Engine:
+        return await tierkv.open(config)
+
+    async def reopen(_k: int) -> None:
+        # the pool was released, whichever await the cancelled open was at: the tiers' opens
+        # or, with them open, the reading of the fleet's log
+        async with tierkv.open(config) as kv:
+            assert await kv.get(b"k") == b"v" * 100
+
+    cancelled, kv = await cancel_at(opening, after=reopen)
+    await kv.close()
+    assert cancelled
