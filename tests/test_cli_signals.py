@@ -73,7 +73,9 @@ def test_sigterm_between_runs_unwinds_too() -> None:
 def test_a_signal_while_the_command_starts_ends_it_quietly(tmp_path: Path,
                                                            signum: signal.Signals) -> None:
     """Early on, the command is still importing (torch: seconds); later it serves. Wherever the
-    signal lands, the process ends with 128 + the signal and prints no traceback."""
+    signal lands, the process ends at once and prints no traceback: with 128 + the signal, or
+    with 0 where it reached the serving (documented: it serves until a signal, then exits 0),
+    which it says by printing its URL first."""
     config = tmp_path / "devices.toml"
     config.write_text('[[tiers]]\nname = "l1"\nkind = "gpu"\ndevice = "cpu"\n'
                       'capacity = "64KiB"\nslot_size = "4KiB"\n')
@@ -84,12 +86,13 @@ def test_a_signal_while_the_command_starts_ends_it_quietly(tmp_path: Path,
         try:
             time.sleep(delay)
             process.send_signal(signum)
-            _, stderr = process.communicate(timeout=60)
+            stdout, stderr = process.communicate(timeout=60)
         finally:
             if process.poll() is None:
                 process.kill()
                 process.communicate()
-        assert process.returncode == 128 + signum, (delay, stderr)
+        served = "serving metrics on http://" in stdout
+        assert process.returncode == (0 if served else 128 + signum), (delay, stderr)
         assert "Traceback" not in stderr, (delay, stderr)
 
 
