@@ -239,6 +239,8 @@ FLEET_CURSOR_KEY = bytes((_TAG_ENGINE,)) + b"fleet-cursor"
 TOMBSTONES_KEY = bytes((_TAG_ENGINE,)) + b"tombstones"
 #: where an engine with a shared tier keeps the invalidations its server has not taken yet
 UNPUBLISHED_KEY = bytes((_TAG_ENGINE,)) + b"unpublished"
+#: where each persistent tier records the last session of its hierarchy it took part in
+MEMBERSHIP_KEY = bytes((_TAG_ENGINE,)) + b"membership"
 
 
 def is_engine_key(raw: bytes) -> bool:

@@ -3,7 +3,9 @@
 Tiers open fastest first. Each persistent tier reports the objects it found intact on its media;
 of two copies of a key the newest generation wins and the older copy is deleted, equal
 generations are the same object held twice (inclusive caching). Generations of later puts start
-above the largest one recovered. If a tier fails to open, those already open are closed again.
+above the largest one recovered. Every tier opens before any is indexed: a tier that sat out a
+session of the hierarchy is refused or cleared first (`_membership`). If a tier fails to open,
+those already open are closed again.
 Objects the engine keeps for itself (`keys.is_engine_key`: the fleet cursor) are not indexed;
 `EngineState.own` lists where they were found.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import time
 
 from tierkv.engine._index import IndexEntry
+from tierkv.engine._membership import record_membership, settle_membership
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
 from tierkv.errors import DeviceError
@@ -24,11 +27,17 @@ async def open_tiers(state: EngineState) -> None:
     opened: list[Tier] = []
     started = time.perf_counter()
     try:
-        for index, tier in enumerate(state.tiers):
-            recovered = await tier.open()
+        recovered: list[list[RecoveredObject]] = []
+        for tier in state.tiers:
+            recovered.append(list(await tier.open()))
             opened.append(tier)
-            state.counters.recovered[tier.name] += len(recovered)
-            await _adopt(state, index, recovered)
+        # before indexing: it settles two copies of a key by generation, and a tier that sat
+        # a session out would win with older values (`_membership`)
+        kept = await settle_membership(state, recovered)
+        for index, tier in enumerate(state.tiers):
+            state.counters.recovered[tier.name] += len(recovered[index])
+            await _adopt(state, index, recovered[index])
+        await record_membership(state, kept)
         state.counters.recovery_s = time.perf_counter() - started
     except BaseException:
         for tier in reversed(opened):

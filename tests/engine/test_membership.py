@@ -1,0 +1,105 @@
+"""A persistent tier that sat out a session of its hierarchy (taken out of the config for a
+while, then put back with its media) is refused at open, or cleared with ``format = true``:
+back in the hierarchy, its older values won over what was put meanwhile, and keys deleted
+meanwhile came back. A tier that took part in every session, or a new one, is taken as it is."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine._configs import hierarchy_config
+from tierkv.errors import DeviceError
+from tierkv.formats.membership import Membership, decode_membership, encode_membership
+
+pytestmark = pytest.mark.pmem
+
+
+def three(tmp_path: Path, **pmem: Any) -> dict[str, Any]:
+    return hierarchy_config(tmp_path, ("gpu", "pmem", "nvme"), pmem=pmem)
+
+
+def without_pmem(tmp_path: Path) -> dict[str, Any]:
+    return hierarchy_config(tmp_path, ("gpu", "nvme"))
+
+
+async def first_session(tmp_path: Path) -> None:
+    """"k" = b"v1" and "d" on pmem and in the log (put, then demoted by a full gpu tier)."""
+    async with tierkv.open(three(tmp_path)) as kv:
+        await kv.put("k", b"v1" * 1000)
+        await kv.put("d", b"gone" * 1000)
+        await kv.flush()
+
+
+async def session_without_pmem(tmp_path: Path) -> None:
+    async with tierkv.open(without_pmem(tmp_path)) as kv:
+        assert await kv.get("k") in (b"v1" * 1000, None)
+        await kv.put("k", b"v2" * 1000)
+        await kv.delete("d")
+
+
+async def test_a_tier_that_sat_out_a_session_is_refused(tmp_path: Path) -> None:
+    await first_session(tmp_path)
+    await session_without_pmem(tmp_path)
+    with pytest.raises(DeviceError, match=r"tier 'pmem' .*ran without it.*tierkv format"):
+        await tierkv.open(three(tmp_path))
+    async with tierkv.open(without_pmem(tmp_path)) as kv:  # nothing lost meanwhile
+        assert await kv.get("k") == b"v2" * 1000
+        assert await kv.get("d") is None
+
+
+async def test_with_format_it_is_cleared_and_nothing_stale_is_served(tmp_path: Path) -> None:
+    await first_session(tmp_path)
+    await session_without_pmem(tmp_path)
+    async with tierkv.open(three(tmp_path, format=True)) as kv:
+        assert await kv.get("k") == b"v2" * 1000
+        assert await kv.get("d") is None
+        assert kv.stats()["tiers"]["pmem"]["objects"] <= 1  # its record, at most
+    async with tierkv.open(three(tmp_path)) as kv:  # the next open finds every tier current
+        assert await kv.get("k") == b"v2" * 1000
+        assert await kv.get("d") is None
+
+
+async def test_tiers_that_took_part_in_every_session_open_as_they_are(tmp_path: Path) -> None:
+    await first_session(tmp_path)
+    for _ in range(3):
+        async with tierkv.open(three(tmp_path)) as kv:
+            assert await kv.get("k") == b"v1" * 1000
+            await kv.put(f"n{_}", os.urandom(3000))
+    # a tier added later is new media: it holds nothing to be stale
+    config = three(tmp_path)
+    config["tiers"].insert(2, {**config["tiers"][1], "name": "pmem2",
+                               "path": str(tmp_path / "second.pool")})
+    async with tierkv.open(config) as kv:
+        assert await kv.get("k") == b"v1" * 1000
+    async with tierkv.open(three(tmp_path)) as kv:  # pmem2 left: the others took part
+        assert await kv.get("k") == b"v1" * 1000
+
+
+async def test_each_of_two_tiers_run_without_the_other_one_is_refused(tmp_path: Path) -> None:
+    """The pool alone, then the log alone: each sat out the other's session. The first tier in
+    the hierarchy's order is taken as current, the other refused (or cleared)."""
+    await first_session(tmp_path)
+    async with tierkv.open(hierarchy_config(tmp_path, ("gpu", "pmem"))) as kv:
+        await kv.put("k", b"pool" * 1000)
+    async with tierkv.open(without_pmem(tmp_path)) as kv:
+        await kv.put("k", b"log" * 1000)
+    with pytest.raises(DeviceError, match="tier 'nvme'"):
+        await tierkv.open(three(tmp_path))
+    config = three(tmp_path)
+    config["tiers"][2]["format"] = True
+    async with tierkv.open(config) as kv:
+        assert await kv.get("k") == b"pool" * 1000
+
+
+def test_the_record_round_trips_and_is_strict() -> None:
+    record = Membership(b"t" * 16, 7, b"s" * 16, frozenset({b"t" * 16, b"u" * 16}))
+    data = encode_membership(record)
+    assert decode_membership(data) == record
+    for damaged in (data[:-1], data + b"\0", b"XXXX" + data[4:], data[:20]):
+        with pytest.raises(tierkv.CorruptObjectError):
+            decode_membership(damaged)

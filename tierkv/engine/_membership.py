@@ -1,0 +1,153 @@
+"""Media that sat out a session of its hierarchy: refused at open, or cleared with ``format``.
+
+An engine run without one of its persistent tiers (taken out of the config for a while) goes on
+overwriting and deleting keys that tier still holds. Back in the hierarchy, its older values
+won by generation (numbered from what the tiers present at each open held) and its deleted keys
+came back. So each local persistent tier keeps, as an object of the engine's own
+(`MEMBERSHIP_KEY`, `formats.membership`), its id and the last session it took part in: that
+session's number and id, and the ids of the tiers it opened with. At open, before anything a
+tier recovered is indexed (indexing settles two copies of a key by generation, and would
+delete the newer one):
+
+- the latest session is the highest number any record holds (of two sessions with the same
+  number, each run without the other's tier, the first tier's in the hierarchy's order);
+- a tier is current if its record names that session, or the session opened with it (a crash
+  cut short the writing of the records, before anything was served), or it holds nothing;
+- any other tier sat that session out (or ran before records were kept, beside one that has
+  one): with ``format = false`` the open is refused with a `DeviceError` naming it and how to
+  clear it; with ``format = true`` everything it holds is deleted and synced first.
+
+Then every local persistent tier gets this session's record, synced. Records are kept only
+where they can matter: where two local persistent tiers are present, or a tier has one already
+(it was in such a hierarchy, and a session without the others must be recorded). A hierarchy
+of one persistent tier that never had another writes none.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tierkv.config import NvmeTierConfig, PmemTierConfig
+from tierkv.engine._state import EngineState, log
+from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.formats.membership import ID_SIZE, Membership, decode_membership, encode_membership
+from tierkv.formats.value import encode_value, payload_view
+from tierkv.keys import MEMBERSHIP_KEY
+from tierkv.tiers.base import RecoveredObject
+
+
+@dataclass(slots=True)
+class _Found:
+    """A local persistent tier at open: its index, its record (None: none or unreadable), and
+    whether it holds anything."""
+
+    tier: int
+    record: Membership | None
+    holds: bool
+    damaged: bool = False
+
+
+async def settle_membership(state: EngineState, recovered: list[list[RecoveredObject]]
+                            ) -> dict[int, Membership]:
+    """Check the local persistent tiers' records against each other (the module docstring):
+    refuse a tier that sat a session out, or clear it (``format = true``; its entry of
+    `recovered` emptied). The records of the tiers kept, by tier; `DeviceError` naming the
+    first refused tier."""
+    found = [await _read(state, tier, recovered[tier]) for tier in _local(state)]
+    records = [each.record for each in found if each.record is not None]
+    latest = max(records, key=lambda record: record.seq, default=None)
+    kept: dict[int, Membership] = {}
+    for each in found:
+        if _current(each, latest):
+            if each.record is not None:
+                kept[each.tier] = each.record
+            continue
+        name, config = state.names[each.tier], state.config.tiers[each.tier]
+        assert isinstance(config, PmemTierConfig | NvmeTierConfig)
+        why = ("its record of the sessions it took part in is damaged" if each.damaged else
+               "the hierarchy ran without it since it last took part (or it ran before such "
+               "records were kept): what it holds may have been overwritten or deleted meanwhile")
+        if not config.format:
+            raise DeviceError(
+                f"tier {name!r} ({config.path}): {why}; refused. `tierkv format --config FILE "
+                f"--tier {name} --yes` clears it, or set format = true for that tier")
+        log.warning("tier %s (%s): %s; cleared (format = true)", name, config.path, why)
+        await _clear(state, each.tier, recovered[each.tier])
+        recovered[each.tier] = []
+    return kept
+
+
+async def record_membership(state: EngineState, kept: dict[int, Membership]) -> None:
+    """Write this session's record into every local persistent tier and sync it, where records
+    are kept (the module docstring); `kept`: what `settle_membership` returned. A tier that
+    fails to take it is logged: it is among the session's members, so the next open still
+    counts it current."""
+    local = _local(state)
+    if len(local) < 2 and not kept:
+        return
+    members = {tier: kept[tier].tier if tier in kept else os.urandom(ID_SIZE) for tier in local}
+    seq = max((record.seq for record in kept.values()), default=0) + 1
+    session = os.urandom(ID_SIZE)
+    for tier in local:
+        record = Membership(members[tier], seq, session, frozenset(members.values()))
+        meta, payload = encode_value(encode_membership(record))
+        meta = meta.with_generation(state.index.new_entry(MEMBERSHIP_KEY, meta).generation)
+        device, guard = state.tiers[tier], state.guards[tier]
+        try:
+            await guard.insist(device.put, MEMBERSHIP_KEY, meta, payload)
+            await guard.settle(device.flush)
+        except TierKVError as exc:
+            log.warning("tier %s: this session's membership record was not written: %s",
+                        state.names[tier], exc)
+            continue
+        if tier not in state.own.setdefault(MEMBERSHIP_KEY, []):
+            state.own[MEMBERSHIP_KEY].append(tier)
+
+
+def _local(state: EngineState) -> list[int]:
+    return [tier for tier, device in enumerate(state.tiers)
+            if device.persistent and not device.shared]
+
+
+def _current(found: _Found, latest: Membership | None) -> bool:
+    if found.damaged:
+        return False
+    if latest is None or not found.holds:
+        return True
+    record = found.record
+    return record is not None and (record.session == latest.session
+                                   or record.tier in latest.members)
+
+
+async def _read(state: EngineState, tier: int, recovered: Sequence[RecoveredObject]) -> _Found:
+    holds = any(obj.key != MEMBERSHIP_KEY for obj in recovered)
+    try:
+        return _Found(tier, await _record_of(state, tier, recovered), holds)
+    except CorruptObjectError:
+        return _Found(tier, None, holds, damaged=True)
+
+
+async def _record_of(state: EngineState, tier: int, recovered: Sequence[RecoveredObject]
+                     ) -> Membership | None:
+    """The tier's record, None where it has none; `CorruptObjectError` where it cannot be
+    read (a tier that recovered it and now misses it, or bytes that do not decode)."""
+    if not any(obj.key == MEMBERSHIP_KEY for obj in recovered):
+        return None
+    try:
+        got = await state.guards[tier].read(state.tiers[tier].get, MEMBERSHIP_KEY)
+    except DeviceError as exc:
+        raise CorruptObjectError(f"membership record unreadable: {exc}") from exc
+    if got is None:
+        raise CorruptObjectError("membership record recovered, then missing")
+    return decode_membership(payload_view(got[1]))
+
+
+async def _clear(state: EngineState, tier: int, recovered: Sequence[RecoveredObject]) -> None:
+    """Delete everything `tier` recovered, and sync the deletes before any record says the
+    tier is current."""
+    device, guard = state.tiers[tier], state.guards[tier]
+    for obj in recovered:
+        await guard.insist(device.delete, obj.key)
+    await guard.settle(device.flush)
