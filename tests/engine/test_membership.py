@@ -5,7 +5,11 @@ meanwhile came back. A tier that took part in every session, or a new one, is ta
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
+import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,22 @@ from tierkv.errors import DeviceError
 from tierkv.formats.membership import Membership, decode_membership, encode_membership
 
 pytestmark = pytest.mark.pmem
+
+#: a session without the pool, run in a process of its own: a write-through overwrite and a
+#: delete, acknowledged, then it waits to be killed
+WITHOUT_POOL = """
+import asyncio, json, sys
+import tierkv
+
+async def main():
+    kv = await tierkv.open(json.loads(sys.argv[1]))
+    await kv.put("k", b"v2" * 1000)
+    await kv.delete("d")
+    print("ACK", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
 
 
 def three(tmp_path: Path, **pmem: Any) -> dict[str, Any]:
@@ -94,6 +114,28 @@ async def test_each_of_two_tiers_run_without_the_other_one_is_refused(tmp_path: 
     config["tiers"][2]["format"] = True
     async with tierkv.open(config) as kv:
         assert await kv.get("k") == b"pool" * 1000
+
+
+@pytest.mark.crash
+async def test_a_session_killed_without_a_close_still_counts(tmp_path: Path) -> None:
+    """The records are on media before the session serves anything: one ended by kill -9
+    right after its acknowledged writes still makes the pool that sat it out stale."""
+    await first_session(tmp_path)
+    config = without_pmem(tmp_path)
+    config["engine"]["write_policy"] = "write_through"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", WITHOUT_POOL, json.dumps(config), stdout=asyncio.subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 60) == b"ACK\n"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    with pytest.raises(DeviceError, match="tier 'pmem'"):
+        await tierkv.open(three(tmp_path))
+    async with tierkv.open(without_pmem(tmp_path)) as kv:
+        assert await kv.get("k") == b"v2" * 1000
+        assert await kv.get("d") is None
 
 
 def test_the_record_round_trips_and_is_strict() -> None:
