@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tierkv
 from tierkv.cli import main
 from tierkv.config import Config, TierConfig, load_config
 from tierkv.formats.value import ObjectMeta, ValueKind
@@ -91,6 +93,35 @@ def test_info_names_the_pmem_copy_path(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "copies: native (pmem_copy" in out  # scripts/setup builds the library
     assert not (tmp_path / "l2.pool").exists()  # info creates nothing
+
+
+def test_info_says_what_the_next_open_finds_in_the_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "l3.log"
+    config = tmp_path / "devices.toml"
+
+    def info(capacity: str) -> str:
+        config.write_text(f'[[tiers]]\nkind = "nvme"\nname = "l3"\ncapacity = "{capacity}"\n'
+                          f'region_size = "1MiB"\npath = "{log}"\n')
+        assert main(["info", "--config", str(config)]) == 0
+        [line] = [line for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("  log: ")]
+        return line
+
+    assert "none yet" in info("16MiB") and not log.exists()  # info creates nothing
+    asyncio.run(_put_one(load_config(config)))
+    assert "a tierkv log of 15 regions of 1MiB" in (found := info("16MiB"))
+    assert "recovered at open" in found
+    assert "asks for 7 regions of 1MiB; the next open refuses it" in info("8MiB")
+    log.write_bytes(b"\0" * 8192)
+    assert "a zeroed superblock; the next open refuses it" in info("16MiB")
+    log.write_bytes(b"not a log" * 1000)
+    assert "no tierkv log" in info("16MiB")
+
+
+async def _put_one(config: Config) -> None:
+    async with tierkv.open(config) as kv:
+        await kv.put("k", b"v")
 
 
 # -- format --------------------------------------------------------------------------------------

@@ -2,17 +2,29 @@
 
 Separate from the tier because it only reads: the counters and gauges of the log's state, the
 device and backend an open tier uses (`tierkv info`), and, for a tier not opened, what the
-machine offers at its path (`probe`: io_uring, O_DIRECT), which touches no tier file. Nothing here
-changes the state or waits on the device.
+machine offers at its path (`probe`: io_uring, O_DIRECT, and what its superblock says the next
+open will do: recover, format or refuse), which reads the tier file's first block and writes
+nothing. Nothing here changes the state or waits on the device.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any
 
 from tierkv._platform import io_uring_available, o_direct_supported
+from tierkv._units import format_size
 from tierkv.config import NvmeTierConfig
-from tierkv.formats.nvme_layout import format_uuid
+from tierkv.errors import CorruptObjectError
+from tierkv.formats.nvme_layout import (
+    SUPERBLOCK_SIZE,
+    BlankSuperblockError,
+    ForeignFormatError,
+    OlderLayoutError,
+    decode_superblock,
+    format_uuid,
+)
 from tierkv.tiers.base import TierState
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import LogState
@@ -83,4 +95,36 @@ def probe(config: NvmeTierConfig) -> dict[str, str]:
         "sq_poll": ("off" if config.sq_poll is None
                     else f"on, idle after {config.sq_poll * 1000:g}ms"),
         "path_exists": "yes" if config.path.exists() else "no (created at open)",
+        "log": _log_on_media(config),
     }
+
+
+def _log_on_media(config: NvmeTierConfig) -> str:
+    """What the next open would find at `config.path`, from its superblock (read, never
+    written): a log it recovers, new media it formats, or what it refuses and why."""
+    try:
+        with open(config.path, "rb") as media:
+            head = media.read(SUPERBLOCK_SIZE)
+    except FileNotFoundError:
+        return "none yet (created at open)"
+    except OSError as exc:
+        return f"unreadable: {exc.strerror}"
+    if not head:
+        return "none yet (an empty file: formatted at open)"
+    refused = "; the next open refuses it (format = true overwrites it, losing what it holds)"
+    try:
+        sb = decode_superblock(head)
+    except BlankSuperblockError:
+        if stat.S_ISBLK(os.stat(config.path).st_mode):
+            return "a zeroed superblock: a new device, formatted at open"
+        return "a zeroed superblock" + refused
+    except (OlderLayoutError, ForeignFormatError) as exc:
+        return f"no tierkv log of this version ({exc})" + refused
+    except CorruptObjectError as exc:
+        return f"a damaged tierkv superblock ({exc})" + refused
+    count = (config.capacity - SUPERBLOCK_SIZE) // config.region_size
+    found = f"{sb.region_count} regions of {format_size(sb.region_size)}"
+    if (sb.region_count, sb.region_size) != (count, config.region_size):
+        return (f"a tierkv log of {found}; the config asks for {count} regions of "
+                f"{format_size(config.region_size)}" + refused)
+    return f"a tierkv log of {found} (uuid {format_uuid(sb.uuid)}): recovered at open"
