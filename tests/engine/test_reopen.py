@@ -77,3 +77,28 @@ async def test_an_open_cancelled_while_it_applies_recorded_tombstones_leaves_the
     cancelled, engine = await cancel_at(open_engine, after=reopened)
     await engine.close()
     assert cancelled > 0
+
+
+@pytest.mark.parametrize("kinds", [("gpu", "pmem"), ("gpu", "pmem", "nvme")], ids="-".join)
+async def test_a_smaller_pool_at_reopen_moves_its_oldest_objects_out(
+    tmp_path: Path, kinds: tuple[str, ...]
+) -> None:
+    """The pool reopened with half its capacity holds more than that: the evictor moves the
+    oldest objects out. Into the log below, every flushed object is still served, byte for
+    byte (the pool freed them at open before); with no tier below, the newest stay."""
+    cfg = _config(tmp_path, kinds)
+    values = {f"k{i}": bytes([i]) * 200_000 for i in range(60)}  # 12 MB: most in the pool
+    async with tierkv.open(cfg) as kv:
+        for key, value in values.items():
+            await kv.put(key, value)
+        await kv.flush()
+    cfg["tiers"][1]["capacity"] = 8 * MiB
+    async with tierkv.open(cfg) as kv:
+        await kv.settle()
+        pool = kv.stats()["tiers"]["pmem"]
+        assert pool["used"] <= pool["capacity"]
+        got = await kv.get_many(list(values))
+        if "nvme" in kinds:
+            assert got == list(values.values())
+        else:
+            assert got[-1] == values["k59"] and got[0] is None

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tierkv.config import PmemTierConfig
+from tierkv.errors import TierFullError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.value import ObjectMeta, ValueKind, encode_value
@@ -172,7 +173,10 @@ async def test_duplicate_records_keep_the_newest(tmp_path: Path) -> None:
         await again.close()
 
 
-async def test_smaller_capacity_frees_oldest(tmp_path: Path) -> None:
+async def test_smaller_capacity_keeps_what_it_holds_over_capacity(tmp_path: Path) -> None:
+    """Reopened with a smaller capacity, the pool keeps every object, oldest first, over its
+    capacity (the engine moves them out: freed here, they were lost where a tier below had
+    room); no put fits until enough of them left."""
     path = tmp_path / "tier.pool"
     tier = make(path)
     await tier.open()
@@ -183,10 +187,19 @@ async def test_smaller_capacity_frees_oldest(tmp_path: Path) -> None:
     smaller = PmemTier(PmemTierConfig("pmem", 8 << 20, path))
     recovered = await smaller.open()
     try:
-        assert smaller.used <= smaller.capacity
-        keys = {r.key for r in recovered}
-        assert b"\x02k11" in keys and b"\x02k0" not in keys
-        assert smaller.stats()["over_capacity_freed_at_open"] == 12 - len(keys)
+        assert [r.key for r in recovered] == [b"\x02k%d" % i for i in range(12)]
+        assert smaller.used > smaller.capacity
+        assert smaller.stats()["over_capacity_at_open"] == smaller.used - smaller.capacity
+        assert not smaller.fits(1)
+        with pytest.raises(TierFullError):
+            await smaller.put(b"\x02new", meta_of(b"n"), memoryview(b"n"))
+        got = await smaller.get(b"\x02k0")
+        assert got is not None and bytes(got[1]) == data
+        for record in recovered:
+            if smaller.used <= smaller.capacity - smaller.footprint(1):
+                break
+            assert await smaller.delete(record.key)
+        await smaller.put(b"\x02new", meta_of(b"n"), memoryview(b"n"))
     finally:
         await smaller.close()
 

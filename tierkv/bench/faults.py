@@ -219,7 +219,7 @@ def _corruption(stats: dict[str, Any]) -> int:
 #: what an open tells of what it recovered and what it let go (the soak reports these for each
 #: epoch's last reopen, so that a loss can be traced to where it happened)
 RECOVERY_FIGURES = ("recovered_superseded", "recovered_tombstoned", "corrupt_freed_at_open",
-                    "superseded_freed_at_open", "over_capacity_freed_at_open", "tombstones_applied",
+                    "superseded_freed_at_open", "over_capacity_at_open", "tombstones_applied",
                     "entries_dropped", "recovered_from")
 
 

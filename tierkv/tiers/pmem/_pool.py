@@ -233,13 +233,15 @@ def register_classes(pool: pmemobj.Pool) -> list[int]:
     ]
 
 
-def recover(pool: pmemobj.Pool, name: str, capacity: int,
-            counters: dict[str, int]) -> dict[bytes, PoolObject]:
-    """The newest whole record of each key in `pool`, within `capacity`.
+def recover(pool: pmemobj.Pool, name: str, counters: dict[str, int]) -> dict[bytes, PoolObject]:
+    """The newest whole record of each key in `pool`, oldest first (by sequence: the order an
+    LRU list of what was written would hold them in).
 
-    Walks every object; frees the ones that fail their checks, the older record of a key and,
-    oldest first, whatever exceeds `capacity`, counting each kind in the tier's `counters` as
-    it goes (`*_freed_at_open`).
+    Walks every object; frees the ones that fail their checks and the older record of a key,
+    counting each kind in the tier's `counters` as it goes (`*_freed_at_open`). What exceeds
+    the capacity (a pool reopened with a smaller one) is kept: the tier reports it over its
+    capacity, and the engine's evictor moves the oldest out, into a lower tier where there is
+    one (freed here, they were lost even where the log below had room).
     """
     found: dict[bytes, PoolObject] = {}
     oid = pool.first()
@@ -259,15 +261,7 @@ def recover(pool: pmemobj.Pool, name: str, capacity: int,
                 pool.free(old.oid)
             found[key] = obj
         oid = following
-    total = sum(obj.footprint for obj in found.values())
-    for key, obj in sorted(found.items(), key=lambda item: item[1].sequence):
-        if total <= capacity:
-            break
-        pool.free(obj.oid)
-        total -= obj.footprint
-        del found[key]
-        counters["over_capacity_freed_at_open"] += 1
-    return found
+    return dict(sorted(found.items(), key=lambda item: item[1].sequence))
 
 
 def _check_record(pool: pmemobj.Pool, oid: pmemobj.Oid,

@@ -9,13 +9,16 @@ recovery keeps the newer. `delete` is ``pmemobj_free`` (atomic).
 
 Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
 record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
-of each key and rebuilds the DRAM index (key → object). Objects beyond the configured capacity
-(a pool reopened with a smaller one) are freed oldest first.
+of each key and rebuilds the DRAM index (key → object), oldest first. Objects beyond the
+configured capacity (a pool reopened with a smaller one) are kept: `used` then exceeds
+`capacity` until they leave, and no put fits meanwhile; the engine's evictor, cued at open,
+moves the oldest out into the tier below (freed here, they were lost even where the log below
+had room).
 
 Space: objects are allocated from the tier's own allocation classes; `footprint` is the object's
-whole allocation unit, so `used` is the pool space objects really take and never exceeds
-`capacity`. `put` raises `TierFullError` when the object does not fit the capacity *or* when PMDK
-reports the pool full (fragmentation); the engine then evicts and retries.
+whole allocation unit, so `used` is the pool space objects really take, and no put takes it
+beyond `capacity`. `put` raises `TierFullError` when the object does not fit the capacity *or*
+when PMDK reports the pool full (fragmentation); the engine then evicts and retries.
 
 Media: `open` reports whether the mapping is real persistent memory (libpmem's ``pmem_is_pmem``).
 On an ordinary file PMDK persists with msync and the tier says it is *emulated*; on tmpfs the pool
@@ -120,7 +123,7 @@ class PmemTier(Tier):
         self._counters = {
             "corrupt_freed_at_open": 0,
             "superseded_freed_at_open": 0,
-            "over_capacity_freed_at_open": 0,
+            "over_capacity_at_open": 0,
             "checksum_misses": 0,
             "pool_full": 0,
         }
@@ -176,9 +179,14 @@ class PmemTier(Tier):
         return recovered
 
     def _recover(self, pool: pmemobj.Pool) -> list[RecoveredObject]:
-        found = recover(pool, self.name, self._capacity, self._counters)
+        found = recover(pool, self.name, self._counters)
         self._objects = found
         self._used = sum(obj.footprint for obj in found.values())
+        if self._used > self._capacity:
+            self._counters["over_capacity_at_open"] = self._used - self._capacity
+            log.warning("tier %s: holds %d bytes, more than its capacity %d (a smaller one than "
+                        "before): the oldest objects leave as they are moved out", self.name,
+                        self._used, self._capacity)
         self._payload_bytes = sum(obj.meta.nbytes for obj in found.values())
         self._sequence = max((obj.sequence for obj in found.values()), default=0) + 1
         return [RecoveredObject(key, obj.meta) for key, obj in found.items()]
