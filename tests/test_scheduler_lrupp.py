@@ -194,6 +194,21 @@ def test_ghosts_are_bounded_and_the_oldest_is_forgotten_first() -> None:
     assert last is not None and last.count == 3.0
 
 
+def test_ghosts_follow_the_keys_held_down_after_a_mass_departure() -> None:
+    """Ghosts are bounded by the keys held now (GHOSTS_PER_KEY each), not by a past peak."""
+    scheduler = lrupp([Shape(1 << 30)], alpha=1.0, beta=0.0)
+    book = scheduler.book
+    held = 4 * MIN_GHOSTS
+    for i in range(held):
+        scheduler.admitted(0, b"k%d" % i, float(i))
+    for i in range(held // 2):  # a big subtree invalidated: half the keys leave
+        scheduler.removed(0, b"k%d" % i)
+    assert book.ghosts == held // 2  # under GHOSTS_PER_KEY x the half still held
+    for i in range(held // 2, held):  # and then the rest
+        scheduler.removed(0, b"k%d" % i)
+    assert len(book) == 0 and book.ghosts == MIN_GHOSTS
+
+
 def test_a_key_leaves_the_book_only_with_its_last_copy() -> None:
     scheduler = lrupp(three_tiers(), alpha=1.0, beta=0.0)
     book = scheduler.book
