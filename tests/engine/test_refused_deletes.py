@@ -131,6 +131,31 @@ async def test_a_refused_delete_is_made_once_the_device_heals(tmp_path: Path) ->
         assert counters(reopened)["recovered_tombstoned"] == 0  # nothing left to remove
 
 
+async def test_a_refused_delete_is_made_in_the_background_once_the_device_heals(
+        tmp_path: Path) -> None:
+    """With no flush: the health watch retries the pending delete (every second), so an engine
+    that never flushes gets the copy's space back once the device takes deletes again."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    plan = FaultPlan()
+    async with faulty_engine(cfg, plan) as kv:
+        await kv.put("k", os.urandom(100_000))
+        await kv.flush()
+        held = counters_of_tier(kv, "pmem")["used"]
+        plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+        await kv.delete("k")
+        assert counters(kv)["deletes_refused"] == 1
+        assert counters_of_tier(kv, "pmem")["used"] == held  # its copy stays on the media
+        plan.enabled = False
+        for _ in range(100):  # the health watch's next look, within a few of its seconds
+            if counters(kv)["deletes_retried"]:
+                break
+            await asyncio.sleep(0.05)
+        assert counters(kv)["deletes_retried"] == 1
+        assert counters_of_tier(kv, "pmem")["used"] < held
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") is None
+
+
 async def test_flush_raises_when_a_refused_delete_cannot_be_recorded(tmp_path: Path) -> None:
     cfg = config(tmp_path, ("pmem",))
     plan = FaultPlan()

@@ -3,8 +3,10 @@
 A delete (of `delete`, `invalidate`, an overwriting `put`, the scrub of a cancelled write, the
 older of two copies that recovery finds, the profile probe's) that a persistent tier fails
 leaves a copy on its media that the index no longer lists: a reopen would recover it as live,
-and a deleted or overwritten value would come back. Such a copy is
-*pending* here: its key and the tiers that may still hold it. `flush` (and so `close`) first
+and a deleted or overwritten value would come back. Such a copy is *pending* here: its key and
+the tiers that may still hold it. The health watch retries them every second while any is
+pending, in the background (`tick`): an engine that never flushes kept the copies, and their
+space, until it closed. `flush` (and so `close`) first
 retries each pending delete under the key's gate, then writes what is still pending as
 tombstones (`tierkv.formats.tombstones`: every copy of the key up to a generation bound is
 dead) into the persistent tiers that take the record (two where there are two: `_own`), before
@@ -21,6 +23,7 @@ and later puts are numbered above every bound.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tierkv.engine._copies import CopyOps
@@ -34,7 +37,7 @@ log = logging.getLogger("tierkv.engine")
 
 
 class Tombstones:
-    __slots__ = ("_copies", "_pending", "_recorded", "_st")
+    __slots__ = ("_copies", "_pending", "_recorded", "_retrying", "_st")
 
     def __init__(self, state: EngineState, copies: CopyOps) -> None:
         self._st = state
@@ -43,6 +46,8 @@ class Tombstones:
         self._pending: dict[bytes, set[int]] = {}
         #: the bounds the record on media holds (last written, or found at open)
         self._recorded: dict[bytes, int] = {}
+        #: the background retry in progress (`tick`), if any
+        self._retrying: asyncio.Task[None] | None = None
         state.refused_delete = self.refused
 
     @property
@@ -59,6 +64,24 @@ class Tombstones:
         if tier not in tiers:
             tiers.add(tier)
             self._st.counters.deletes_refused += 1
+
+    def tick(self) -> None:
+        """The health watch's call, every second: retry the pending deletes in the background
+        (one pass at a time) where a tier holding one takes calls again. What is still refused
+        waits for the next tick, and a flush records it."""
+        st = self._st
+        if not self._pending or st.closing or (self._retrying and not self._retrying.done()):
+            return
+        keys = [key for key, tiers in self._pending.items()
+                if any(st.scheduler.usable[tier] for tier in tiers)]
+        if keys:
+            self._retrying = st.spawn(self._retry_all(keys))
+
+    async def _retry_all(self, keys: list[bytes]) -> None:
+        for key in keys:
+            if self._st.closing:
+                return
+            await self._retry(key)
 
     async def settle(self) -> None:
         """Retry the pending deletes; record those still refused (`flush`, before the syncs).

@@ -28,7 +28,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -39,8 +39,8 @@ from tierkv.engine._copies import CopyOps
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
-from tierkv.engine._metrics import engine_metrics, engine_stats
 from tierkv.engine._moves import Moves
+from tierkv.engine._observe_calls import ObserveCalls
 from tierkv.engine._pins import PinContext, Pins
 from tierkv.engine._profiles import measure_profiles
 from tierkv.engine._read_calls import ReadCalls
@@ -49,7 +49,6 @@ from tierkv.engine._recovery import open_tiers
 from tierkv.engine._shared import Shared
 from tierkv.engine._slo import slo_seconds
 from tierkv.engine._state import EngineState
-from tierkv.engine._storms import MissStormCallback
 from tierkv.engine._tombstones import Tombstones
 from tierkv.engine._tracing import (
     DELETE,
@@ -64,7 +63,6 @@ from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
 from tierkv.formats.value import Value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
-from tierkv.metrics.snapshot import EngineMetrics
 from tierkv.tiers.base import Tier
 
 if TYPE_CHECKING:
@@ -74,7 +72,7 @@ KeyT = TypeVar("KeyT", bound=Key)
 ValueT = TypeVar("ValueT", bound=Value)
 
 
-class Engine(ReadCalls):
+class Engine(ReadCalls, ObserveCalls):
     """A tiered object store; build it with `tierkv.open(config)`."""
 
     def __init__(self, config: Config, tiers: Sequence[Tier],
@@ -94,7 +92,8 @@ class Engine(ReadCalls):
         self._invalidations = Invalidations(st, self._writes, self._shared)
         st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
-        self._background = Background(st, self._executor, ticks=(self._shared.tick,))
+        self._background = Background(st, self._executor,
+                                      ticks=(self._shared.tick, self._tombstones.tick))
         self._one_call = _Call(st)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
@@ -387,35 +386,3 @@ class Engine(ReadCalls):
         """The span of a public call (`_tracing`), or a no-op block yielding None."""
         tracing = self._st.tracing
         return contextlib.nullcontext() if tracing is None else tracing.call(name, raw)
-
-    def on_miss_storm(self, callback: MissStormCallback | None) -> None:
-        """Call `callback(alert)` with each miss-storm alert from now on, replacing any earlier
-        callback (None: none). A miss storm: the misses of the last `[health] window` seconds
-        (on the engine's clock) carry less than `[health] entropy_alert_bits` bits of
-        key-prefix entropy: one tenant, model or key family misses
-        (`tierkv.health.MissStormDetector`). A str or bytes key's prefix is the key up to its
-        first ``/`` or ``:`` (at most 16 bytes), a `BlockKey`'s its `model` (else its
-        `rope_theta`): the tenant namespace is hashed into the digest. Nothing is a storm until
-        the misses have shown two prefixes (one model's blocks alone always miss under one).
-        One alert per storm, repeated once a window while it lasts; each is also logged
-        (WARNING) and counted in `metrics()`.
-
-        The callback runs on the event loop, inside the get that noticed the storm: keep it
-        short (schedule anything longer). What it raises is logged, never raised to the get."""
-        self._st.misses.callback = callback
-
-    def metrics(self) -> EngineMetrics:
-        """A typed snapshot of the engine's counters and gauges (`tierkv.metrics.snapshot`):
-        per tier hits, misses, bytes in and out, evictions, promotions, demotions, admission
-        rejects, breaker state and latency histograms; for the engine objects, the DAG,
-        recovery figures, the migration backlog and the miss-storm detector. Taken in one
-        step; call it on the engine's loop (`tierkv.metrics.prometheus` shows how from another
-        thread). Works on a closed engine too (its final figures)."""
-        return engine_metrics(self._st, in_flight=self._executor.in_flight,
-                              pinned=len(self._st.pins))
-
-    def stats(self) -> dict[str, Any]:
-        """Counters and gauges as plain data: ``{"engine": {...}, "tiers": {name: {...}}}``
-        (`metrics` is the typed snapshot)."""
-        return engine_stats(self._st, in_flight=self._executor.in_flight,
-                            pinned=len(self._st.pins))
