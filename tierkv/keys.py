@@ -243,6 +243,11 @@ UNPUBLISHED_KEY = bytes((_TAG_ENGINE,)) + b"unpublished"
 MEMBERSHIP_KEY = bytes((_TAG_ENGINE,)) + b"membership"
 
 
+#: the keys of the profile probe's objects (`engine._profiles`), written, read and deleted at the
+#: first put with a latency SLO; one found at open is a leftover of a process killed meanwhile
+PROBE_PREFIX = b"\xfftierkv.probe."
+
+
 def is_engine_key(raw: bytes) -> bool:
     """Whether canonical key bytes name an object the engine keeps for itself."""
     return bool(raw) and raw[0] == _TAG_ENGINE

@@ -10,8 +10,12 @@ import pytest
 
 import tierkv
 from tests.engine._configs import KiB, MiB, hierarchy_config
+from tierkv import load_config
+from tierkv.formats.value import encode_value
+from tierkv.keys import PROBE_PREFIX
 from tierkv.testing import cancel_at
 from tierkv.testing.faults import FaultPlan, open_with_faults
+from tierkv.tiers.pmem import PmemTier
 
 pytestmark = pytest.mark.pmem
 
@@ -102,3 +106,21 @@ async def test_a_smaller_pool_at_reopen_moves_its_oldest_objects_out(
             assert got == list(values.values())
         else:
             assert got[-1] == values["k59"] and got[0] is None
+
+
+async def test_a_leftover_profile_probe_object_is_deleted_at_open(tmp_path: Path) -> None:
+    """A process killed between the profile probe's write and its delete leaves the probe's
+    object in the pool: the next open deletes it instead of indexing it (it took space and
+    counted as an object for good)."""
+    cfg = _config(tmp_path, ("gpu", "pmem"))
+    async with tierkv.open(cfg) as kv:
+        await kv.put("k", b"v")
+    pool = PmemTier(load_config(cfg).tiers[1])  # type: ignore[arg-type]
+    await pool.open()
+    meta, payload = encode_value(b"p" * 4096)
+    await pool.put(PROBE_PREFIX + b"4096", meta, payload)
+    await pool.close()
+    async with tierkv.open(cfg) as kv:
+        assert kv.stats()["engine"]["objects"] == 1
+        assert kv.stats()["tiers"]["pmem"]["objects"] == 1
+        assert await kv.get("k") == b"v"

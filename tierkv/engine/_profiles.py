@@ -21,11 +21,11 @@ from tierkv.config import TierKind
 from tierkv.engine._state import EngineState, log
 from tierkv.errors import DeviceError, TierKVError
 from tierkv.formats.value import encode_value
+from tierkv.keys import PROBE_PREFIX
 from tierkv.scheduler.select import TierProfile
 
 #: typical (latency seconds, bandwidth bytes/s) of each kind, when a probe cannot run
 TYPICAL = {TierKind.GPU: (2e-6, 10e9), TierKind.PMEM: (1e-6, 4e9), TierKind.NVME: (100e-6, 2e9)}
-_PROBE_TAG = b"\xfftierkv.probe."
 _SMALL, _LARGE, _ROUNDS = 4096, 256 << 10, 3
 
 
@@ -80,7 +80,7 @@ async def _media_read_time(state: EngineState, index: int, nbytes: int) -> float
 async def _object_read_time(state: EngineState, index: int, nbytes: int) -> float | None:
     """The fastest of a few reads of an `nbytes` probe object; ``None`` if it did not fit."""
     tier, guard = state.tiers[index], state.guards[index]
-    key = _PROBE_TAG + str(nbytes).encode()
+    key = PROBE_PREFIX + str(nbytes).encode()
     meta, payload = encode_value(bytes(nbytes))
     if not tier.reclaims_space and not tier.fits(meta.nbytes):
         return None

@@ -19,7 +19,7 @@ from tierkv.engine._membership import record_membership, settle_membership
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
 from tierkv.errors import DeviceError
-from tierkv.keys import is_engine_key
+from tierkv.keys import PROBE_PREFIX, is_engine_key
 from tierkv.tiers.base import RecoveredObject, Tier
 
 
@@ -49,6 +49,11 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
     index = state.index
     now = state.now()
     for obj in recovered:
+        if obj.key.startswith(PROBE_PREFIX):
+            # the profile probe's, left by a process killed between its write and its delete:
+            # indexed, it took space and counted as an object for good
+            await _delete_copy(state, tier_index, obj.key)
+            continue
         if is_engine_key(obj.key):
             state.own.setdefault(obj.key, []).append(tier_index)
             index.adopt_generation(obj.meta.generation)
@@ -74,14 +79,20 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
 
 
 async def _delete_superseded(state: EngineState, tier: int, key: bytes) -> None:
-    """Delete an older copy of `key` in `tier`. One the device refuses stays on its media and
-    is kept to retry and record like any refused delete (`_tombstones`): the newer copy is
-    what the index lists, and wins again at the next open."""
+    """Delete an older copy of `key` in `tier` (`_delete_copy`): the newer copy is what the
+    index lists, and wins again at the next open if the device refuses."""
     state.counters.recovered_superseded += 1
+    await _delete_copy(state, tier, key)
+
+
+async def _delete_copy(state: EngineState, tier: int, key: bytes) -> None:
+    """Delete a copy of `key` in `tier` that the index does not list. One the device refuses
+    stays on its media and is kept to retry and record like any refused delete
+    (`_tombstones`)."""
     try:
         await state.guards[tier].delete(state.tiers[tier].delete, key)
     except DeviceError as exc:
-        log.warning("recovery: tier %s failed to delete an older copy (kept to retry): %s",
+        log.warning("recovery: tier %s failed to delete a copy (kept to retry): %s",
                     state.names[tier], exc)
         if state.refused_delete is not None:
             state.refused_delete(key, tier)
