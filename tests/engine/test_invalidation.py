@@ -276,6 +276,25 @@ async def test_a_child_put_during_its_parents_invalidation_ends_invalidated(
         assert await kv.get_many([b"c%d" % i for i in range(200)]) == [None] * 200
 
 
+async def test_a_child_put_again_during_its_parents_invalidation_ends_invalidated(
+        tmp_path: Path) -> None:
+    """A child the invalidation removed and that is put again (recomputed from the parent)
+    before the invalidation returned is removed again: it was put during the invalidation."""
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"root", b"R")
+        await kv.put(b"child", b"old", parents=[b"root"])
+        invalidation = asyncio.create_task(kv.invalidate(b"root"))
+        for _ in range(1000):  # a loop turn at a time, until the child is gone
+            if not await kv.contains(b"child"):
+                break
+            await asyncio.sleep(0)
+        # the invalidation removed the child and now syncs the persistent tiers
+        assert not invalidation.done()
+        await kv.put(b"child", b"new", parents=[b"root"])
+        assert await invalidation == 3  # root, the child and the child put again
+        assert await kv.get(b"child") is None
+
+
 async def test_no_get_returns_an_invalidated_value_once_invalidate_returned(
         tmp_path: Path) -> None:
     async with tierkv.open(config(tmp_path)) as kv:

@@ -5,7 +5,8 @@ derived from the old value (`Dag.descendants`), one key at a time under that key
 no two keys are ever held at once and no two invalidations can deadlock). Keys removed so far are
 *doomed* until the invalidation returns: a put that names a doomed key as a parent while it runs
 links to it like any other, and the next pass removes that child too, so a child put concurrently
-with its parent's invalidation ends invalidated, never orphaned and live. Before returning, every
+with its parent's invalidation ends invalidated, never orphaned and live — also one the
+invalidation had removed already and that was put again meanwhile. Before returning, every
 persistent tier is synced (group commit), so the deletes — tombstones in the nvme log, frees in the
 pmem pool — are on media: no restart brings an invalidated object back. The last pass runs after
 that sync, and the call returns in the same step when it finds nothing new. An overwriting put
@@ -79,7 +80,7 @@ class Invalidations:
         removed = 0
         synced = False
         while True:
-            pending = self._new_descendants(doomed)
+            pending = self._new_descendants(key, doomed)
             if not pending:
                 if synced:
                     return removed, doomed
@@ -94,13 +95,17 @@ class Invalidations:
                     st.counters.cascaded += 1
                 st.dag.unlink_parents(child)  # a key never stored leaves no edges either
 
-    def _new_descendants(self, doomed: set[bytes]) -> list[bytes]:
+    def _new_descendants(self, root: bytes, doomed: set[bytes]) -> list[bytes]:
+        """What derives from the doomed keys now, but `root`: each key removed so far was
+        unlinked from its parents, so one found again was put again (linked anew) since, during
+        the invalidation, and must go again (skipped as doomed, a child recomputed while its
+        parent was being invalidated stayed readable)."""
         dag = self._st.dag
         found: list[bytes] = []
-        seen: set[bytes] = set()
+        seen: set[bytes] = {root}
         for key in doomed:
             for child in dag.descendants(key):
-                if child not in doomed and child not in seen:
+                if child not in seen:
                     seen.add(child)
                     found.append(child)
         return found
