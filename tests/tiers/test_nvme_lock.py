@@ -172,6 +172,36 @@ async def test_the_lock_dies_with_a_killed_holder(tmp_path: Path, holders: list[
         await reopened.close()
 
 
+#: locks the log, then hands its file to a child that keeps it a moment past the locker's exit:
+#: how a killed process's io_uring holds its files (and their flocks) while the kernel tears
+#: the ring down, after the process itself is gone
+DEAD_LOCKER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+if os.fork() == 0:
+    time.sleep(float(sys.argv[2]))
+    os._exit(0)
+os._exit(0)
+"""
+
+
+async def test_an_open_waits_a_moment_for_a_lock_no_live_process_holds(tmp_path: Path) -> None:
+    """A lock whose holder has exited (the file kept open a moment longer, as a killed
+    process's io_uring does while the kernel tears it down) is waited for, not refused: an
+    open right after a kill -9 was refused as "in use" meanwhile."""
+    config = nvme_config(tmp_path)
+    tier = NvmeTier(config)
+    await tier.open()
+    await tier.close()
+    locker = await asyncio.create_subprocess_exec(sys.executable, "-c", DEAD_LOCKER,
+                                                  str(config.path), "0.5")
+    assert await locker.wait() == 0  # the locker is gone; its child keeps the file
+    reopened = NvmeTier(config)
+    await reopened.open()
+    await reopened.close()
+
+
 async def test_a_second_engine_on_one_log_is_refused(tmp_path: Path,
                                                      holders: list[Holder]) -> None:
     """The issue's case: gpu + nvme opened twice; before the lock both ran to a clean close and

@@ -7,6 +7,7 @@ through the chosen backend first).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -14,6 +15,7 @@ import logging
 import os
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,27 +139,57 @@ def _open_fd(path: Path, create: bool, direct: bool) -> tuple[int, bool, bool]:
     return fd, direct, created
 
 
+class LockHeldError(DeviceError):
+    """The log's flock is held; `live`: by a process that exists (or this one)."""
+
+    def __init__(self, message: str, *, live: bool) -> None:
+        super().__init__(message, errno=errno.EWOULDBLOCK)
+        self.live = live
+
+
+#: how long an open waits for a lock that no live process holds: the kernel keeps a killed
+#: process's file open, and its flock held, until it has torn down that process's io_uring
+#: (requests in flight hold the file), a moment after the process is gone and reaped. An open
+#: right after a kill -9 (a supervisor's restart) was refused as "in use" meanwhile.
+DEAD_HOLDER_WAIT = 5.0
+
+
+async def open_device_when_free(config: NvmeTierConfig) -> Device:
+    """`open_device`, waiting up to `DEAD_HOLDER_WAIT` while the lock's holder is no live
+    process (a live one is refused at once)."""
+    deadline = time.monotonic() + DEAD_HOLDER_WAIT
+    while True:
+        try:
+            return open_device(config)
+        except LockHeldError as exc:
+            if exc.live or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.02)
+
+
 def _lock(fd: int, path: Path) -> None:
     """Hold an exclusive flock on the open file: two writers of one log would each overwrite
     the other's regions and superblock, and whichever closed last would win. flock locks
     belong to the open file description, so a second open in this process conflicts too, and
-    the kernel drops the lock when the holder dies."""
+    the kernel drops the lock when the holder's file is closed (see `DEAD_HOLDER_WAIT`)."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise DeviceError(f"{path}: in use: {_holder(fd)}; the log is open in another tier "
-                              "or process", errno=errno.EWOULDBLOCK) from exc
+            holder, live = _holder(fd)
+            raise LockHeldError(f"{path}: in use: {holder}; the log is open in another tier "
+                                "or process", live=live) from exc
         raise DeviceError(f"{path}: cannot lock: {exc.strerror}", errno=exc.errno) from exc
 
 
-def _holder(fd: int) -> str:
-    """Who holds the flock on `fd`'s file, as far as /proc/locks tells."""
+def _holder(fd: int) -> tuple[str, bool]:
+    """Who holds the flock on `fd`'s file, as far as /proc/locks tells, and whether that is a
+    live process (this one included)."""
     try:
         info = os.fstat(fd)
         table = Path("/proc/locks").read_text()
     except OSError:
-        return "held by another process"
+        return "held by another process", True
     # /proc/locks names a file by its filesystem's device (hex major:minor) and inode
     ident = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in table.splitlines():
@@ -169,12 +201,12 @@ def _holder(fd: int) -> str:
             pid = int(fields[4])
         except ValueError:
             continue
-        if pid <= 0:  # the holder is in a pid namespace this process cannot see
+        if pid <= 0:  # a holder gone, or in a pid namespace this process cannot see
             break
         if pid == os.getpid():
-            return f"held by this process (pid {pid})"
-        return f"held by pid {pid}{_command(pid)}"
-    return "held by another process"
+            return f"held by this process (pid {pid})", True
+        return f"held by pid {pid}{_command(pid)}", Path(f"/proc/{pid}").exists()
+    return "held by another process", False
 
 
 def _command(pid: int) -> str:

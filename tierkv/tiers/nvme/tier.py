@@ -123,7 +123,7 @@ from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE, TOMBSTONE, entry_size
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
 from tierkv.tiers.base import ReclaimWorth, RecoveredObject, Tier
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
-from tierkv.tiers.nvme._device import make_backend, open_device
+from tierkv.tiers.nvme._device import make_backend, open_device_when_free
 from tierkv.tiers.nvme._flush import LogFlush
 from tierkv.tiers.nvme._introspection import describe_log, log_stats, probe
 from tierkv.tiers.nvme._log import RegionLog
@@ -212,7 +212,7 @@ class NvmeTier(Tier):
 
     async def _open(self) -> list[RecoveredObject]:
         st = self._st
-        device = open_device(self.config)
+        device = await open_device_when_free(self.config)
         st.device = device
         try:
             st.io = make_backend(self.config, device)
