@@ -91,10 +91,12 @@ async def test_a_reader_never_misses_while_its_objects_are_promoted_and_demoted(
                     await asyncio.sleep(0)  # a gpu hit need not suspend: let the writer run
 
         async def churn() -> None:
+            # until the reader has read enough (a bound on time instead gave 200 reads, not
+            # 500, on a loaded machine), with a limit against a hang
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + 2.0
+            deadline = loop.time() + 60.0
             i = 0
-            while loop.time() < deadline:
+            while reads < 600 and loop.time() < deadline:
                 if kv.stats()["tiers"]["nvme"]["regions_free"] < 8:
                     break  # stop well before the log would reclaim a region
                 await kv.put(f"cold{i}", os.urandom(rng.choice([1000, 3000])))
