@@ -127,16 +127,32 @@ class ScannedEntry:
     length: int
     meta: ObjectMeta
     tombstone: bool
+    #: a damaged record of this use whose object header still names its key: whatever it was
+    #: (a newer value, a tombstone), it superseded the key's older records, which must not be
+    #: served in its place (the scan takes it as a tombstone; `meta` is its header's)
+    damaged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RegionEntries:
-    """A scanned region: intact entries in log order, end of the last record (entry or
-    padding), damaged ones skipped."""
+    """A scanned region: its entries in log order (intact ones, and the damaged ones whose key
+    is still known, flagged `damaged`), end of the last record (entry or padding), and how many
+    damaged records were found."""
 
     used: int
     entries: tuple[ScannedEntry, ...]
     corrupt: int
+
+
+def _damaged(view: memoryview, offset: int, end: int, length: int, tombstone: bool
+             ) -> ScannedEntry | None:
+    """The damaged record at `offset` as a `ScannedEntry` flagged `damaged`, when its object
+    header (which has a checksum of its own) still decodes, else ``None``: its key is lost."""
+    try:
+        header, _len = decode_header(view[offset + PREFIX.size : end])
+    except CorruptObjectError:
+        return None
+    return ScannedEntry(header.key, offset, length, header.meta, tombstone, damaged=True)
 
 
 def _next_candidate(data: bytes | bytearray, offset: int, granularity: int) -> int:
@@ -158,7 +174,10 @@ def scan_entries(data: bytes | bytearray, uuid: bytes, seq: int, alignment: int,
     with this seq (else it is stale: an earlier use of the region, or bytes that are no entry);
     one with a sound prefix but a bad header or payload, unknown flags, or (padding) not ending
     on an `alignment` boundary is counted and skipped; a bad prefix is stepped over granule by
-    granule (straight to the next entry magic: the granules between hold no prefix)."""
+    granule (straight to the next entry magic: the granules between hold no prefix). A damaged
+    record of this use whose object header still decodes is listed too, flagged `damaged`, so
+    that the key's older records are not taken for its newest (a flipped bit in a tombstone
+    would bring a deleted value back, one in an overwrite's payload the value it replaced)."""
     offset = used = alignment
     entries: list[ScannedEntry] = []
     corrupt = 0
@@ -168,6 +187,13 @@ def scan_entries(data: bytes | bytearray, uuid: bytes, seq: int, alignment: int,
         if prefix is None or prefix.seq != seq:
             if prefix is None and has_entry_magic(data, offset):
                 corrupt += 1
+                # a prefix failing its checksum whose seq reads as this use's, or one bit off
+                # (the flipped bit may be there): this use's record, damaged. One of an earlier
+                # use (or of the uuid before a reformat) has another seq: stale however damaged
+                if (PREFIX.unpack_from(data, offset)[3] ^ seq).bit_count() <= 1:
+                    lost = _damaged(view, offset, len(data), granularity, tombstone=False)
+                    if lost is not None:
+                        entries.append(lost)
             offset = _next_candidate(data, offset + granularity, granularity)
             continue
         total = entry_size(0, prefix.body_len, granularity)
@@ -183,6 +209,10 @@ def scan_entries(data: bytes | bytearray, uuid: bytes, seq: int, alignment: int,
                                                       prefix.body_len)
             except CorruptObjectError:
                 corrupt += 1
+                lost = _damaged(view, offset, offset + PREFIX.size + prefix.body_len, total,
+                                prefix.flags == TOMBSTONE)
+                if lost is not None:
+                    entries.append(lost)
             else:
                 entries.append(ScannedEntry(header.key, offset, total, header.meta,
                                             prefix.flags == TOMBSTONE))

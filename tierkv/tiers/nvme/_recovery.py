@@ -219,7 +219,11 @@ class NvmeRecovery:
             region.state, region.seq = RegionState.SEALED, scanned.seq
             region.used, region.header_written = scanned.found.used, True
             for entry in scanned.found.entries:
-                if entry.tombstone:
+                if entry.damaged:
+                    # what it held is lost, and it superseded the key's older records: a miss,
+                    # never the older value (counted among the checksum failures already)
+                    st.shadow(region, st.forget(entry.key))
+                elif entry.tombstone:
                     st.shadow(region, st.forget(entry.key))
                     st.counters["tombstones_applied"] += 1
                 else:

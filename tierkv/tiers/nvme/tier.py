@@ -45,7 +45,9 @@ all or nothing: a log whose checkpoint would need more than the superblock can l
 fewer than two regions for data (a log of two regions), keeps none. Otherwise the index is
 rebuilt by scanning region entry headers (`_scan`). Entries failing a checksum are never
 served: at scan they are dropped, at `get` the key becomes a miss; both are counted
-(``checksum_failures``). A crash never brings back a deleted, overwritten or dropped entry once
+(``checksum_failures``); at scan a damaged record whose object header still names its key is
+that key's tombstone (its older records are not served in its place). A crash never brings
+back a deleted, overwritten or dropped entry once
 the delete/overwrite was flushed: a region holding a record that supersedes one in an older
 region (an overwrite or a tombstone) is not reclaimed before that older region
 (`Region.shadows`; the oldest sealed region is always eligible, so LRU degrades towards FIFO
