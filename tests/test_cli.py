@@ -59,6 +59,35 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def _address_space_capped() -> None:
+    # a child that reads without bound fails here with MemoryError instead of taking the
+    # machine's memory (what it did before the config loader bounded its read)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("what", ["dev-zero", "sparse-pool"])
+def test_a_config_that_is_no_config_file_but_endless_or_huge_is_a_config_error(
+    tmp_path: Path, what: str
+) -> None:
+    # --config on a pool or log file (tab completion) or on a character device was read whole:
+    # a MemoryError traceback, or the OOM killer, before any word about the config
+    if what == "dev-zero":
+        config = Path("/dev/zero")
+    else:
+        config = tmp_path / "tierkv.pool"
+        with config.open("wb") as pool:
+            pool.truncate(4 << 30)
+    result = subprocess.run(
+        [sys.executable, "-m", "tierkv.cli", "info", "--config", str(config)],
+        capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=_address_space_capped,
+    )
+    assert_one_line(result, 2)
+    assert str(config) in result.stderr
+
+
 def test_info_prints_each_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "devices.toml"
     config.write_text(GPU_ONLY)

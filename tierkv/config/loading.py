@@ -49,6 +49,9 @@ from tierkv.errors import ConfigError
 
 E = TypeVar("E", bound=enum.Enum)
 
+#: the longest config file read: a config takes a few KiB
+MAX_CONFIG_CHARS = 1 << 20
+
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> Config:
     """Validate a config given as a TOML file path, a parsed mapping or a `Config`."""
@@ -58,11 +61,16 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> 
         return _parse(source)
     path = Path(source)
     try:
-        text = path.read_text()
+        # read up to the bound only: a pool or log named by mistake (or /dev/zero) was read
+        # whole, a MemoryError or the OOM killer before any word about the config
+        with path.open() as file:
+            text = file.read(MAX_CONFIG_CHARS + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError(f"{path}: more than {MAX_CONFIG_CHARS} characters: not a config file")
     return load_config_text(text, origin=str(path))
 
 
