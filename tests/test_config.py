@@ -381,6 +381,11 @@ def test_path_with_a_nul_byte(tmp_path: Path, doc: dict[str, Any]) -> None:
     _fails(_apply(doc, [("tiers.1.path", f"{tmp_path}/a\x00b")]), "tiers[1].path")
 
 
+def test_path_under_the_home_of_no_such_user(doc: dict[str, Any]) -> None:
+    # Path.expanduser raised RuntimeError ("Could not determine home directory"): a traceback
+    _fails(_apply(doc, [("tiers.1.path", "~no-such-user-of-tierkv/pool")]), "tiers[1].path")
+
+
 def test_path_that_is_a_symlink_loop(tmp_path: Path, doc: dict[str, Any]) -> None:
     loop = tmp_path / "loop"
     loop.symlink_to(loop)

@@ -90,11 +90,12 @@ def check_path(t: KeyErrors, key: str, text: str, kind: TierKind) -> Path:
     exists, or a file or device of the right kind that is readable and writable)."""
     if "\x00" in text:
         raise t.error(key, "a path cannot contain a NUL byte")
-    path = Path(text).expanduser()
     try:
+        # expanduser raises RuntimeError for ~user of no such user (or no home to be found)
+        path = Path(text).expanduser()
         path.resolve()
     except (OSError, RuntimeError) as exc:
-        raise t.error(key, f"{path} cannot be resolved: {exc}") from None
+        raise t.error(key, f"{text} cannot be resolved: {exc}") from None
     try:
         return _usable_path(t, key, path, kind)
     except OSError as exc:
