@@ -320,6 +320,37 @@ def test_bench_json_has_null_where_a_figure_is_nan(
     assert document["rows"][0]["measured"] is None
 
 
+@pytest.mark.pmem
+def test_bench_on_a_config_leaves_what_its_media_hold_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the workload case ran on the config's own pool and log: its objects evicted what a user
+    # had stored there, down and out of the last tier, and stayed behind in it
+    from tierkv import _cli_bench
+
+    path, config = persistent_config(tmp_path)
+    values = {b"user-%d" % i: bytes([i]) * 100_000 for i in range(24)}
+
+    async def store() -> None:
+        async with tierkv.open(config) as kv:
+            for key, value in values.items():
+                await kv.put(key, value)
+
+    async def held() -> dict[bytes, object]:
+        async with tierkv.open(config) as kv:
+            assert not await kv.contains(b"w-65536-0")  # the workload's first key
+            return {key: await kv.get(key) for key in values}
+
+    asyncio.run(store())
+    media = sorted(tmp_path.iterdir())
+    jobs = _cli_bench._bench_jobs
+    monkeypatch.setattr(_cli_bench, "_bench_jobs", lambda *args: [
+        (name, job) for name, job in jobs(*args) if name == "workload"])
+    assert main(["bench", "--config", str(path), "--count", "256", "--size", "64KiB"]) == 0
+    assert sorted(tmp_path.iterdir()) == media  # its scratch media removed
+    assert asyncio.run(held()) == values
+
+
 def test_bench_workdir_where_no_directory_can_be_made_is_a_config_error() -> None:
     # /proc takes no new directory, root or not: mkdtemp's OSError was a traceback
     result = run_cli("bench", "--workdir", "/proc", "--device", "gpu", "--quick")

@@ -229,15 +229,16 @@ async def _engine_case(case: Callable[..., Coroutine[Any, Any, tuple[dict[str, A
 async def _workload(
     config: Config, args: argparse.Namespace, bar: _Bar
 ) -> tuple[dict[str, Any], list[Row]]:
-    from tierkv.bench.engine import workload
+    from tierkv.bench.engine import scratch_media, workload
     from tierkv.engine import open as open_engine
 
     count = min(args.count, 512) if args.quick else args.count
-    async with open_engine(config) as kv:
-        result, rows = await workload(
-            kv, size=args.size, count=count, concurrency=args.concurrency, progress=bar
-        )
-        result["stats"] = kv.stats()
+    with scratch_media(config) as scratch:
+        async with open_engine(scratch) as kv:
+            result, rows = await workload(
+                kv, size=args.size, count=count, concurrency=args.concurrency, progress=bar
+            )
+            result["stats"] = kv.stats()
     return result, rows
 
 

@@ -14,18 +14,24 @@ The L1 benchmarks of a config without a gpu tier are not run: their result is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import shutil
+import tempfile
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from tierkv.bench.common import Progress, Row, no_progress, percentile
-from tierkv.config import Config, GpuTierConfig
+from tierkv.config import Config, GpuTierConfig, RedisTierConfig, TierConfig
 from tierkv.engine import Engine, open
+from tierkv.errors import ConfigError
 
 MiB = 1 << 20
 
@@ -186,6 +192,37 @@ async def _run_tasks(
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
     progress(phase, count, count)
     return time.perf_counter() - started, samples
+
+
+@contextlib.contextmanager
+def scratch_media(config: Config) -> Iterator[Config]:
+    """`config` with nothing of what it stores: each persistent tier on new media (``format =
+    true``) in a scratch directory beside its configured path, deleted on exit, and a redis
+    tier's keys under a prefix of their own. A workload run on the config's own pool and log
+    evicted what a user had stored there, out of the last tier, and stayed behind in it."""
+    scratch: list[Path] = []
+    try:
+        tiers: list[TierConfig] = []
+        for tier in config.tiers:
+            if isinstance(tier, GpuTierConfig):
+                tiers.append(tier)
+            elif isinstance(tier, RedisTierConfig):
+                prefix = f"{tier.key_prefix}bench-{uuid.uuid4().hex[:8]}:"
+                tiers.append(replace(tier, key_prefix=prefix))
+            else:
+                try:
+                    directory = Path(tempfile.mkdtemp(prefix="tierkv-bench-",
+                                                      dir=tier.path.parent))
+                except OSError as exc:
+                    raise ConfigError(f"{tier.name}.path: cannot make a scratch directory for "
+                                      f"the benchmark in {tier.path.parent}: "
+                                      f"{exc.strerror or exc}") from None
+                scratch.append(directory)
+                tiers.append(replace(tier, path=directory / tier.path.name, format=True))
+        yield replace(config, tiers=tuple(tiers))
+    finally:
+        for directory in scratch:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 async def workload(
