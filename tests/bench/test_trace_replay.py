@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -333,3 +335,32 @@ def test_a_bad_trace_file_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "--trace" in err
+
+
+def _address_space_capped() -> None:
+    # a child that reads without bound fails here with MemoryError instead of taking the
+    # machine's memory (what it did before the reader bounded its lines)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+
+@pytest.mark.parametrize("what", ["dev-zero", "sparse-pool"])
+def test_a_trace_without_line_ends_is_one_line_and_exit_2(tmp_path: Path, what: str) -> None:
+    # --trace naming a pool file or /dev/zero: its first "line" was read whole, a MemoryError
+    # traceback (or the OOM killer) instead of a word about the trace
+    if what == "dev-zero":
+        trace = Path("/dev/zero")
+    else:
+        trace = tmp_path / "tierkv.pool"
+        with trace.open("wb") as pool:
+            pool.truncate(4 << 30)
+    result = subprocess.run(
+        [sys.executable, "-m", "tierkv.cli", "bench", "--trace", str(trace), "--quick"],
+        capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=_address_space_capped,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "--trace" in result.stderr

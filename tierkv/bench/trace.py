@@ -58,20 +58,30 @@ class TraceRequest(NamedTuple):
     hash_ids: tuple[int, ...]
 
 
+#: the longest line of a trace read (its line end included): a record takes a few KiB
+MAX_LINE = 16 << 20
+
+
 def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
     """The requests of a Mooncake JSON-lines trace, in order (the first `limit` of them).
 
     Raises `ValueError` naming the file and line of the first record that is not a JSON object
     with a non-negative number ``timestamp`` (ms, never decreasing) and a list of integer
     ``hash_ids`` in 0..2**64-1; ``input_length`` and ``output_length`` are optional but, if
-    present, non-negative integers. Blank lines are skipped; `OSError` if the file cannot be read.
+    present, non-negative integers; and naming a line longer than `MAX_LINE`. Blank lines are
+    skipped; `OSError` if the file cannot be read.
     """
     previous = 0.0
     count = 0
     with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
+        # each line read up to a bound: a file without line ends (a pool named by mistake,
+        # /dev/zero) was read whole as its first line, a MemoryError or the OOM killer
+        for number, line in enumerate(iter(lambda: lines.readline(MAX_LINE + 1), ""), start=1):
             if limit is not None and count >= limit:
                 return
+            if len(line) > MAX_LINE:
+                raise ValueError(f"{path}:{number}: longer than {MAX_LINE} characters: not a "
+                                 "trace record")
             if not line.strip():
                 continue
             request = _parse_record(line, f"{path}:{number}", previous)
