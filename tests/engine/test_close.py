@@ -85,6 +85,20 @@ async def test_a_backlog_paced_by_the_background_budget_does_not_hold_the_close(
     await asyncio.wait_for(kv.close(), 20)
 
 
+async def test_demotions_paced_by_the_migration_budget_do_not_hold_the_close(
+        tmp_path: Path) -> None:
+    # 1 KiB/s for every move: the evictor's demotions out of the full gpu tier held the close
+    # about a minute per object, paced (a config of 1 B/s held it for days)
+    values = {f"k{i}": os.urandom(60_000) for i in range(16)}
+    kv = await tierkv.open(gpu_pmem(tmp_path, migration_bandwidth="1KiB"))
+    for key, value in values.items():
+        await kv.put(key, value)  # the last fills the tier: demotions are planned, paced
+    await asyncio.wait_for(kv.close(), 20)
+    async with tierkv.open(gpu_pmem(tmp_path)) as kv:
+        for key, value in values.items():
+            assert await kv.get(key) == value, key
+
+
 async def test_an_engine_refuses_calls_from_another_event_loop(tmp_path: Path) -> None:
     async with tierkv.open(gpu_pmem(tmp_path)) as kv:
         errors: list[BaseException] = []

@@ -186,8 +186,10 @@ class Engine(ReadCalls, ObserveCalls):
             await st.quiet.wait()
             await self._shared.stop()
             await self._background.stop_expiry()
-            # promotions and shares go unpaced: a backlog would hold the close backlog / rate s
+            # moves go unpaced: a backlog would hold the close backlog / rate s (the flush
+            # below is not paced either); `migration_bandwidth` paces demotions too
             st.background_budget.lift()
+            st.budget.lift()
             await self._executor.drain()  # moves already planned
             await st.drain_tasks()  # cleanups of cancelled operations
             await self._flusher.flush()  # may wait for room below: the evictors still run
