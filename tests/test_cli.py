@@ -285,6 +285,31 @@ def test_bench_refuses_a_count_size_or_concurrency_that_is_not_positive(
     assert option in result.stderr
 
 
+@pytest.mark.parametrize(("extra", "named"), [
+    (["--policy", "lru"], "--policy"),
+    (["--capacity", "5%"], "--capacity"),
+    (["--block-size", "4KiB"], "--block-size"),
+    (["--seed", "3"], "--seed"),
+    (["--trace", "{trace}", "--faults", "pmem:eio=0.1"], "--faults"),
+    (["--trace", "{trace}", "--device", "nvme"], "--device"),
+    (["--trace", "{trace}", "--url", "redis://127.0.0.1:1/0"], "--url"),
+])
+def test_bench_refuses_an_option_the_run_would_ignore(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: str
+) -> None:
+    # each was ignored: the figures of another run were taken for what it asked (--policy lru
+    # measured LRU++, --faults beside --trace injected nothing)
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "hash_ids": [1, 2]}\n')
+    device = [] if "--trace" in extra else ["--device", "gpu"]
+    args = [arg.format(trace=trace) for arg in extra]
+    assert main(["bench", "--config", str(config), "--quick", *device, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and named in err
+
+
 def test_bench_refuses_a_json_path_it_cannot_write_before_the_run(tmp_path: Path) -> None:
     # it ran the whole bench, then crashed writing the results
     config = tmp_path / "devices.toml"

@@ -57,8 +57,13 @@ class _Bar:
         self._progress.update(task, completed=done, total=total)
 
 
+#: the options only a trace replay reads, and their defaults
+TRACE_OPTIONS = {"capacity": "2%,5%,10%,25%", "policy": "tierkv", "block_size": "16KiB"}
+
+
 def run_bench(args: argparse.Namespace) -> int:
     # the options and the trace are checked before the config is loaded or anything runs
+    _check_combination(args)
     for option in ("count", "size", "concurrency"):
         if getattr(args, option) <= 0:
             raise ConfigError(f"--{option}: must be positive, got {getattr(args, option)}")
@@ -109,6 +114,30 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
+
+
+def _check_combination(args: argparse.Namespace) -> None:
+    """Refuse an option the run would ignore, then fill in the defaults of those it reads:
+    ignored, it left figures taken for what was not measured (``--policy lru`` without
+    ``--trace`` ran the engine bench under LRU++; ``--faults`` beside ``--trace`` injected
+    nothing)."""
+    if args.trace is None:
+        for option in TRACE_OPTIONS:
+            if getattr(args, option) is not None:
+                raise ConfigError(f"--{option.replace('_', '-')}: only a --trace replay takes it")
+    else:
+        for option, given in (("--faults", args.faults is not None),
+                              ("--url", args.url is not None),
+                              ("--device", args.device != "engine")):
+            if given:
+                raise ConfigError(f"{option}: a --trace replay runs alone and takes no {option}")
+    if args.seed is not None and args.faults is None:
+        raise ConfigError("--seed: only a --faults soak takes it")
+    for option, default in TRACE_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, default)
+    if args.seed is None:
+        args.seed = 0
 
 
 def _check_workdir(workdir: Path) -> None:

@@ -92,13 +92,13 @@ def _parser() -> argparse.ArgumentParser:
                             "request) through the engine under prefix semantics, beside offline "
                             "LRU and Belady MIN, instead of the device benchmarks; --quick "
                             f"replays the first {TRACE_QUICK_REQUESTS} requests")
-    bench.add_argument("--capacity", default="2%,5%,10%,25%", metavar="PCT[,PCT...]",
+    bench.add_argument("--capacity", metavar="PCT[,PCT...]",
                        help="trace: capacities to replay at, in percent of the trace's distinct "
                             "blocks (default 2%%,5%%,10%%,25%%)")
-    bench.add_argument("--policy", default="tierkv", metavar="lru|tierkv",
+    bench.add_argument("--policy", metavar="lru|tierkv",
                        help="trace: the engine's policy: lru (plain LRU, every demotion "
                             "admitted) or tierkv (LRU++ and the config's admission; the default)")
-    bench.add_argument("--block-size", default="16KiB", metavar="SIZE",
+    bench.add_argument("--block-size", metavar="SIZE",
                        help="trace: bytes stored per trace block (default 16KiB)")
     bench.add_argument("--url", metavar="URL",
                        help="the redis server for --device redis (default: a private "
@@ -111,7 +111,7 @@ def _parser() -> argparse.ArgumentParser:
                             "nvme:flip=0.01,redis:hang=0.01;ops=get), cancellations and "
                             "reopens, checked against a log of acknowledged writes; --quick: "
                             f"{FAULTS_QUICK_OPERATIONS} operations")
-    bench.add_argument("--seed", type=int, default=0,
+    bench.add_argument("--seed", type=int,
                        help="--faults: seeds the fault draws and the clients' choices "
                             "(default 0; the JSON records it: a soak that failed can be run "
                             "again under its seed, though background work's timing makes no "
