@@ -310,6 +310,19 @@ def test_bench_refuses_an_option_the_run_would_ignore(
     assert err.count("\n") == 1 and named in err
 
 
+def test_bench_sized_beyond_the_memory_is_one_line(tmp_path: Path) -> None:
+    # the soak sized its hierarchy for values of up to a TiB: a MemoryError traceback
+    result = subprocess.run(
+        [sys.executable, "-m", "tierkv.cli", "bench", "--faults", "", "--size", "1TiB",
+         "--count", "4", "--quick", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False,
+        preexec_fn=_address_space_capped,
+    )
+    assert_one_line(result, 1)
+    assert "out of memory" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # its scratch media removed
+
+
 def test_bench_refuses_a_json_path_it_cannot_write_before_the_run(tmp_path: Path) -> None:
     # it ran the whole bench, then crashed writing the results
     config = tmp_path / "devices.toml"

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     except TierKVError as exc:
         print(f"tierkv: error: {exc}", file=sys.stderr)
         return 1
+    except MemoryError:
+        # what an option or a config sized beyond the machine ends in (a bench --size of a
+        # TiB), from any of the allocations sized by it: one line, as the other errors
+        print("tierkv: error: out of memory (a --size, --count, --concurrency or capacity beyond "
+              "this machine?)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
