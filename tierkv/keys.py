@@ -28,6 +28,8 @@ _TAG_STR = 0x03
 _BLOCK_TAIL = struct.Struct("<Qd")
 _BLOCK_ENCODED_SIZE = 1 + DIGEST_SIZE + _BLOCK_TAIL.size
 _CHAIN_DOMAIN = b"tierkv.block.v1\x00"
+#: the parent digest a chain's first block is hashed with: it has no parent
+ROOT_DIGEST = bytes(DIGEST_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +49,10 @@ class BlockKey:
     #: told; not part of the key's identity (the digest already covers it), but a put hangs the
     #: block under that version, so `invalidate_model` finds it
     model: str | None = field(default=None, compare=False)
+    #: the digest of the block before it in its chain, as `block_keys` made it (the zero digest
+    #: for a first block; ``None``: not known, as for a key decoded from storage). Not part of
+    #: the identity either; `put_many` links a key to its parent by it, never by guessing
+    parent_digest: bytes | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.digest, bytes) or len(self.digest) != DIGEST_SIZE:
@@ -59,6 +65,9 @@ class BlockKey:
         if self.model is not None and not isinstance(self.model, str):
             # a put would fail on it only when it hangs the block under the model version
             raise TypeError(f"BlockKey.model is a str or None, not a {type(self.model).__name__}")
+        if self.parent_digest is not None and (not isinstance(self.parent_digest, bytes)
+                                               or len(self.parent_digest) != DIGEST_SIZE):
+            raise ValueError(f"BlockKey.parent_digest must be None or {DIGEST_SIZE} bytes")
 
 
 def _rope_theta(theta: object) -> float:
@@ -117,7 +126,7 @@ def block_keys(
         + struct.pack("<d", _rope_theta(rope_theta))
     ).digest()
     keys: list[BlockKey] = []
-    parent = b"\x00" * DIGEST_SIZE
+    parent = ROOT_DIGEST
     for end in range(block_size, len(token_ids) + 1, block_size):
         block = token_ids[end - block_size : end]
         hasher = hashlib.sha256(salt)
@@ -127,8 +136,9 @@ def block_keys(
         except struct.error:
             raise _bad_token(block, end - block_size) from None
         hasher.update(packed)
-        parent = hasher.digest()[:DIGEST_SIZE]
-        keys.append(BlockKey(parent, end, rope_theta, model))
+        digest = hasher.digest()[:DIGEST_SIZE]
+        keys.append(BlockKey(digest, end, rope_theta, model, parent))
+        parent = digest
     return keys
 
 

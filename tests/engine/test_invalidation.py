@@ -229,6 +229,32 @@ async def test_put_many_links_a_block_keys_chain(tmp_path: Path) -> None:
         assert found[:2] == [b"kv0", b"kv1"] and found[2:] == [None] * 3
 
 
+async def test_put_many_links_each_block_to_its_own_parent_across_prompts(
+        tmp_path: Path) -> None:
+    """Blocks of two prompts in one call, interleaved, and a prompt's later blocks without
+    their first: each block is linked to the block it was chained to, never to the key that
+    happened to come before it."""
+    a, b, c, d = chain(1, 3), chain(2, 3), chain(3, 3), chain(4, 1)
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put_many([(key, b"v") for key in (a[0], b[0], a[1], b[1], a[2], b[2])])
+        await kv.put_many([(key, b"v") for key in (d[0], c[1], c[2])])  # c[0] not in the call
+        assert await kv.invalidate(b[0]) == 3  # b's chain, none of a's
+        assert await kv.get_many(a) == [b"v"] * 3
+        assert await kv.invalidate(d[0]) == 1  # c[1] is not d[0]'s child
+        assert await kv.get_many(c[1:]) == [b"v"] * 2
+        assert await kv.invalidate(c[1]) == 2
+        assert await kv.invalidate(a[0]) == 3
+
+
+async def test_a_block_key_built_by_hand_names_no_parent() -> None:
+    key = tierkv.block_keys(list(range(8)), block_size=4, model="m@1", rope_theta=1e4)
+    assert key[0].parent_digest == bytes(16) and key[1].parent_digest == key[0].digest
+    by_hand = tierkv.BlockKey(key[1].digest, 8, 1e4)
+    assert by_hand == key[1] and by_hand.parent_digest is None
+    with pytest.raises(ValueError):
+        tierkv.BlockKey(key[1].digest, 8, 1e4, parent_digest=b"short")
+
+
 async def test_invalidate_model_drops_that_version_only(tmp_path: Path) -> None:
     old = chain(1, 4, "llama@1") + chain(2, 3, "llama@1")
     new = chain(1, 4, "llama@2")

@@ -274,19 +274,24 @@ class Engine(ReadCalls, ObserveCalls):
     ) -> None:
         """`put` of every (key, value) pair, in order.
 
-        A chain of `BlockKey`s (as `block_keys` makes them) is linked as it goes: each
-        `BlockKey` whose context is longer than the `BlockKey` just before it gets that key as
-        its parent, so the scheduler knows the prefix chain (orphans and leaves go first) and
-        `prefetch` can follow it, without the caller passing parents."""
+        `block_keys` chains are linked as they go: a `BlockKey` whose parent block (by the
+        digest `block_keys` chained it to, `BlockKey.parent_digest`) came earlier in the same
+        call gets that key as its parent, so the scheduler knows the prefix chain (orphans and
+        leaves go first) and `prefetch` can follow it, without the caller passing parents.
+        Blocks of several prompts may be mixed in one call: each is linked to its own parent
+        only (a key put just before it is not taken for its parent), and a `BlockKey` built
+        without a `parent_digest` is linked to none."""
         pairs = items.items() if isinstance(items, Mapping) else items
-        previous: Key | None = None
+        blocks: dict[tuple[bytes, float], BlockKey] = {}
         with self._span(PUT_MANY) as span:
             count = 0
             for key, value in pairs:
-                chained = (isinstance(key, BlockKey) and isinstance(previous, BlockKey)
-                           and previous.context_length < key.context_length)
-                await self.put(key, value, parents=(previous,) if chained and previous else ())
-                previous = key
+                parent = None
+                if isinstance(key, BlockKey):
+                    if key.parent_digest is not None:
+                        parent = blocks.get((key.parent_digest, key.rope_theta))
+                    blocks[key.digest, key.rope_theta] = key
+                await self.put(key, value, parents=() if parent is None else (parent,))
                 count += 1
             if span is not None:
                 span.set_attribute("tierkv.keys", count)
