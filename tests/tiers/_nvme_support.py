@@ -75,12 +75,13 @@ def per_region(size: int, i: int = 0) -> int:
     return (REGION - BLOCK) // entry_bytes(i, size)
 
 
-def flip_byte(path: Path, offset: int) -> None:
+def flip_byte(path: Path, offset: int, mask: int = 0xFF) -> None:
+    """Flip the bits of `mask` in the byte at `offset` of the file (all of them by default)."""
     with path.open("r+b") as f:
         f.seek(offset)
         byte = f.read(1)
         f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
+        f.write(bytes([byte[0] ^ mask]))
 
 
 def find_unique(path: Path, needle: bytes) -> int:

@@ -250,14 +250,6 @@ def test_superblock_history_round_trips_and_defaults_to_nothing() -> None:
 PREFIX_FIELDS = (4, 6, 8, 16, 24)
 
 
-def flip_bit(path: Path, offset: int) -> None:
-    with path.open("r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x01]))
-
-
 async def test_a_damaged_newest_record_never_brings_back_an_older_one(tmp_path: Path) -> None:
     """A flipped bit in the newest record of a key (a tombstone's prefix, an overwrite's
     payload) must not let a scan serve the older value that record superseded: the key is a
@@ -272,7 +264,7 @@ async def test_a_damaged_newest_record_never_brings_back_an_older_one(tmp_path: 
     for n, i in enumerate(sorted(deleted)):
         record = newest[key(i)]
         assert record.flags == TOMBSTONE
-        flip_bit(image, record.at + PREFIX_FIELDS[n % len(PREFIX_FIELDS)])
+        flip_byte(image, record.at + PREFIX_FIELDS[n % len(PREFIX_FIELDS)], 0x01)
     media = image.read_bytes()
     for i in overwritten:
         record = newest[key(i)]
