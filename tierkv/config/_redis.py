@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, unquote_plus, urlsplit
 
 from tierkv.config.schema import RedisTierConfig
 
@@ -19,6 +20,8 @@ _NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: query parameters refused in a url: `display_url` (messages, `tierkv info`) shows the query
 _SECRET_PARAMETERS = ("password", "ssl_password")
+#: query parameters of a url that name files, which redis-py hands to the ssl module
+_FILE_PARAMETERS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 #: the longest key prefix (a key's prefix is repeated in every key on the server)
 MAX_KEY_PREFIX = 256
 #: the most milliseconds a duration sent to the server may count (SET PX, XREAD BLOCK): a
@@ -27,7 +30,10 @@ MAX_KEY_PREFIX = 256
 MAX_SERVER_MS = 1 << 62
 
 
-def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
+def parse_redis_tier(t: _Table, name: str, capacity: int, directory: Path | None
+                     ) -> RedisTierConfig:
+    """The redis tier of table `t`; `directory`: where the relative files its url names are
+    (the config file's), None to leave them relative."""
     url = t.raw("url", None)
     cluster = t.raw("cluster", None)
     if (url is None) == (cluster is None):
@@ -38,6 +44,8 @@ def parse_redis_tier(t: _Table, name: str, capacity: int) -> RedisTierConfig:
         if not isinstance(url, str) or not url.startswith(_SCHEMES):
             # the value itself is not echoed: it may carry a password
             raise t.error("url", "expected a redis://, rediss:// or unix:// URL")
+        if directory is not None:
+            url = _anchored(url, directory)
         _check_url(t, url)
     else:
         nodes = _cluster_nodes(t, cluster)
@@ -77,6 +85,24 @@ def _sent(t: _Table, key: str, seconds: float) -> float:
         raise t.error(key, f"at most {MAX_SERVER_MS}ms: the server counts milliseconds in a "
                            "signed 64-bit integer")
     return seconds
+
+
+def _anchored(url: str, directory: Path) -> str:
+    """`url` with each relative file its query names (a CA, a client certificate or key) taken
+    in `directory`; the rest of it, credentials included, as written. The ssl module opens
+    them at the first connection, against whatever the working directory is by then."""
+    # split as urlsplit and parse_qs split (a fragment first, then the query, then "&")
+    rest, hash_mark, fragment = url.partition("#")
+    head, question, query = rest.partition("?")
+    parts = []
+    for part in query.split("&") if question else ():
+        name, _, value = part.partition("=")
+        file = unquote_plus(value)
+        if unquote_plus(name) in _FILE_PARAMETERS and file and not Path(file).is_absolute():
+            parts.append(f"{name}={quote(str(directory / file), safe='/')}")
+        else:
+            parts.append(part)
+    return f"{head}{question}{'&'.join(parts)}{hash_mark}{fragment}"
 
 
 def _check_url(t: _Table, url: str) -> None:

@@ -54,11 +54,12 @@ MAX_CONFIG_CHARS = 1 << 20
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> Config:
-    """Validate a config given as a TOML file path, a parsed mapping or a `Config`."""
+    """Validate a config given as a TOML file path (its relative paths are beside the file), a
+    parsed mapping (relative paths stay relative to the current directory) or a `Config`."""
     if isinstance(source, Config):
         return source
     if isinstance(source, Mapping):
-        return _parse(source)
+        return _parse(source, None)
     path = Path(source)
     try:
         # read up to the bound only: a pool or log named by mistake (or /dev/zero) was read
@@ -71,10 +72,18 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> 
         raise ConfigError(f"{path}: cannot read config: {exc}") from None
     if len(text) > MAX_CONFIG_CHARS:
         raise ConfigError(f"{path}: more than {MAX_CONFIG_CHARS} characters: not a config file")
-    return load_config_text(text, origin=str(path))
+    # the directory as named, not where a symlinked config file points: /etc/x/tierkv.toml's
+    # `path = "pool"` is /etc/x/pool; absolute, so that a later chdir changes nothing either
+    return _load_text(text, str(path), path.absolute().parent)
 
 
 def load_config_text(text: str, *, origin: str = "<config>") -> Config:
+    """Validate the text of a TOML config; its relative paths stay relative to the current
+    directory (there is no file for them to be beside)."""
+    return _load_text(text, origin, None)
+
+
+def _load_text(text: str, origin: str, directory: Path | None) -> Config:
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -83,7 +92,7 @@ def load_config_text(text: str, *, origin: str = "<config>") -> Config:
         raise ConfigError(f"{origin}: not valid TOML: nested too deeply") from None
     except ValueError as exc:  # an integer of more digits than Python converts
         raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
-    return _parse(document)
+    return _parse(document, directory)
 
 
 #: the largest size a config may give: what a signed 64-bit byte count holds (8 EiB)
@@ -223,7 +232,9 @@ class _Table:
 _REQUIRED = object()
 
 
-def _parse(document: Mapping[str, Any]) -> Config:
+def _parse(document: Mapping[str, Any], directory: Path | None) -> Config:
+    """The config `document` says; `directory`: where its relative paths are (None: the
+    current directory)."""
     root = _Table(document, "")
     engine_table = root.table("engine")
     engine_defaults = EngineConfig()
@@ -237,7 +248,7 @@ def _parse(document: Mapping[str, Any]) -> Config:
     raw_tiers = root._raw("tiers", _REQUIRED)
     if not isinstance(raw_tiers, list) or not raw_tiers:
         raise ConfigError("tiers: expected at least one [[tiers]] table")
-    tiers = tuple(_parse_tier(raw, f"tiers[{i}]") for i, raw in enumerate(raw_tiers))
+    tiers = tuple(_parse_tier(raw, f"tiers[{i}]", directory) for i, raw in enumerate(raw_tiers))
     _check_hierarchy(tiers)
     check_room(tiers)
 
@@ -280,7 +291,7 @@ def _parse(document: Mapping[str, Any]) -> Config:
     return Config(tiers=tiers, engine=engine, scheduler=scheduler, health=health)
 
 
-def _parse_tier(raw: Any, path: str) -> TierConfig:
+def _parse_tier(raw: Any, path: str, directory: Path | None) -> TierConfig:
     t = _Table(raw, path)
     name = t.string("name")
     kind_text = t.string("kind")
@@ -303,9 +314,9 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
                              host_copies=t.choice("host_copies", HostCopies, HostCopies.AUTO),
                              **_profile(t))
     elif kind is TierKind.REDIS:
-        tier = parse_redis_tier(t, name, capacity)
+        tier = parse_redis_tier(t, name, capacity, directory)
     elif kind is TierKind.PMEM:
-        pool = check_path(t, "path", t.string("path"), TierKind.PMEM)
+        pool = check_path(t, "path", t.string("path"), TierKind.PMEM, directory)
         if capacity < MIN_PMEM_POOL:
             raise t.error("capacity", f"a pmem pool needs at least {MIN_PMEM_POOL} bytes")
         low, high = _watermarks(t)
@@ -314,7 +325,7 @@ def _parse_tier(raw: Any, path: str) -> TierConfig:
                               free_low=low, free_high=high, ttl=t.duration_or_off("ttl"),
                               **_profile(t))
     else:
-        log = check_path(t, "path", t.string("path"), TierKind.NVME)
+        log = check_path(t, "path", t.string("path"), TierKind.NVME, directory)
         region_size = t.size("region_size", 64 << 20)
         if region_size % 4096 or region_size < (1 << 20):
             raise t.error("region_size", "must be a multiple of 4KiB and at least 1MiB")

@@ -85,14 +85,17 @@ _DEVICES: dict[TierKind, tuple[Callable[[os.stat_result], bool], str]] = {
 }
 
 
-def check_path(t: KeyErrors, key: str, text: str, kind: TierKind) -> Path:
+def check_path(t: KeyErrors, key: str, text: str, kind: TierKind, directory: Path | None) -> Path:
     """The path of a persistent tier: usable here (creatable in a writable directory that
-    exists, or a file or device of the right kind that is readable and writable)."""
+    exists, or a file or device of the right kind that is readable and writable). A relative
+    path is taken in `directory` (the config file's), or left relative where it is None."""
     if "\x00" in text:
         raise t.error(key, "a path cannot contain a NUL byte")
     try:
         # expanduser raises RuntimeError for ~user of no such user (or no home to be found)
         path = Path(text).expanduser()
+        if directory is not None:
+            path = directory / path  # an absolute `path` stays as it is
         path.resolve()
     except (OSError, RuntimeError) as exc:
         raise t.error(key, f"{text} cannot be resolved: {exc}") from None
