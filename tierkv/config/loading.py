@@ -20,7 +20,14 @@ from typing import Any, TypedDict, TypeVar
 
 from tierkv._units import parse_duration, parse_size
 from tierkv.config._redis import parse_redis_tier
-from tierkv.config.machine import check_device, check_memory, check_path, check_room
+from tierkv.config.machine import (
+    MediaIdentity,
+    check_device,
+    check_memory,
+    check_path,
+    check_room,
+    media_identity,
+)
 from tierkv.config.schema import (
     DEFAULT_FREE_HIGH,
     DEFAULT_FREE_LOW,
@@ -378,7 +385,7 @@ def _watermarks(t: _Table) -> tuple[float, float]:
 
 def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
     names: dict[str, int] = {}
-    paths: dict[tuple[int, int] | Path, int] = {}
+    media_of: dict[MediaIdentity, tuple[int, Path]] = {}  # -> the tier using it, its path
     for index, tier in enumerate(tiers):
         if tier.kind is TierKind.REDIS and index == 0:
             raise ConfigError(f"tiers[{index}].kind: the redis tier is shared by engines; it "
@@ -393,19 +400,11 @@ def _check_hierarchy(tiers: tuple[TierConfig, ...]) -> None:
         if tier.kind is TierKind.GPU and index != 0:
             raise ConfigError(f"tiers[{index}].kind: a gpu tier must come first in the hierarchy")
         if isinstance(tier, PmemTierConfig | NvmeTierConfig):
-            media = _media_identity(tier.path)
-            if media in paths:
-                raise ConfigError(
-                    f"tiers[{index}].path: {tier.path} is already used by tiers[{paths[media]}]"
-                )
-            paths[media] = index
-
-
-def _media_identity(path: Path) -> tuple[int, int] | Path:
-    """What two paths of the same media share: an existing file's device and inode (a hard
-    link, a bind mount or a symlink names it under another path), else the resolved path."""
-    try:
-        found = path.stat()
-    except OSError:
-        return path.resolve()
-    return (found.st_dev, found.st_ino)
+            media = media_identity(tier.path)
+            if media in media_of:
+                first, path = media_of[media]
+                # one media under two tiers: each would overwrite what the other wrote (or
+                # format it away at open)
+                raise ConfigError(f"tiers[{index}].path: {tier.path} is the file or device "
+                                  f"also used by tiers[{first}].path ({path})")
+            media_of[media] = (index, tier.path)

@@ -133,6 +133,31 @@ def _usable_path(t: KeyErrors, key: str, path: Path, kind: TierKind) -> Path:
     return path
 
 
+#: what every path naming one file or device shares (`media_identity`)
+MediaIdentity = tuple[int | str, ...]
+
+
+def media_identity(path: Path) -> MediaIdentity:
+    """What every path naming the media at `path` shares, however it names it: a device node
+    its device number (two nodes made for one device), an existing file its device and inode
+    (a hard link, a symlink, a bind mount), a file yet to be made its directory's device and
+    inode and its name (the directory through a symlink or a bind mount). A path that cannot
+    be looked up is its absolute spelling."""
+    try:
+        # follows a symlink to a file not made yet, to where the open will make it
+        resolved = path.resolve()
+        try:
+            found = resolved.stat()
+        except FileNotFoundError:
+            directory = resolved.parent.stat()
+            return ("new", directory.st_dev, directory.st_ino, resolved.name)
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        return ("path", os.path.abspath(path))
+    if stat.S_ISBLK(found.st_mode) or stat.S_ISCHR(found.st_mode):
+        return ("device", stat.S_IFMT(found.st_mode), found.st_rdev)
+    return ("file", found.st_dev, found.st_ino)
+
+
 def check_memory(t: KeyErrors, device: str, capacity: int) -> None:
     """A gpu tier allocates its whole capacity at open: refuse one its device cannot hold,
     rather than let the allocation fail (or the OOM killer end the process) later."""
