@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tierkv.testing.faults import FaultPlan
 
 from tierkv._cli_common import config_for as _config_for
-from tierkv._cli_common import console, scratch_dir
+from tierkv._cli_common import console, refuse_tier_media, scratch_dir
 
 #: requests a ``--quick`` trace replay takes from the start of the trace
 TRACE_QUICK_REQUESTS = 1000
@@ -76,6 +76,8 @@ def run_bench(args: argparse.Namespace) -> int:
     progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn(
         "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
     with progress, _config_for(args.config, args.workdir) as config:
+        if args.json is not None:  # the tiers are known only now, and no job has run yet
+            refuse_tier_media("--json", args.json, config)
         bar = _Bar(progress)
         for name, job in _bench_jobs(args, config, trace):
             section, section_rows = run(job(bar))

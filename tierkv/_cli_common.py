@@ -13,9 +13,12 @@ from rich.console import Console
 
 from tierkv.config import (
     Config,
+    NvmeTierConfig,
+    PmemTierConfig,
     load_config,
 )
 from tierkv.config.default import default_config, shm_or
+from tierkv.config.machine import media_identity
 from tierkv.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -53,3 +56,16 @@ def scratch_dir(parent: Path) -> Path:
     except OSError as exc:
         raise ConfigError(f"--workdir: cannot make a directory in {parent}: "
                           f"{exc.strerror or exc}") from None
+
+
+def refuse_tier_media(option: str, path: Path, config: Config) -> None:
+    """`ConfigError` naming `option` where the file it would write at `path` is the media of one
+    of `config`'s tiers, under whatever name (a symlink, a hard link, another spelling): the
+    write would destroy what the tier holds."""
+    target = media_identity(path)
+    for index, tier in enumerate(config.tiers):
+        if isinstance(tier, PmemTierConfig | NvmeTierConfig) and \
+                media_identity(tier.path) == target:
+            raise ConfigError(f"{option}: {path} is the {tier.kind.value} media of tier "
+                              f"{tier.name!r} (tiers[{index}].path {tier.path}); it would be "
+                              "overwritten")
