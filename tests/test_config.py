@@ -426,15 +426,15 @@ def test_a_cuda_index_is_ascii_digits(monkeypatch: pytest.MonkeyPatch, device: s
     # str.isdigit let a full-width 1 through as cuda:1, and "cuda:" was read as cuda:0
     import torch
 
-    from tierkv.config.loading import _Table
+    from tierkv.config._table import Table
     from tierkv.config.machine import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     with pytest.raises(ConfigError) as info:
-        check_device(_Table({}, "tiers[0]"), device)
+        check_device(Table({}, "tiers[0]"), device)
     assert str(info.value).startswith("tiers[0].device: ")
-    assert check_device(_Table({}, "tiers[0]"), "cuda:3") == "cuda:3"
+    assert check_device(Table({}, "tiers[0]"), "cuda:3") == "cuda:3"
 
 
 def test_invalid_toml_syntax(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, quote, unquote_plus, urlsplit
 from tierkv.config.schema import RedisTierConfig
 
 if TYPE_CHECKING:
-    from tierkv.config.loading import _Table
+    from tierkv.config._table import Table
 
 _SCHEMES = ("redis://", "rediss://", "unix://")
 _NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
@@ -30,7 +30,7 @@ MAX_KEY_PREFIX = 256
 MAX_SERVER_MS = 1 << 62
 
 
-def parse_redis_tier(t: _Table, name: str, capacity: int, directory: Path | None
+def parse_redis_tier(t: Table, name: str, capacity: int, directory: Path | None
                      ) -> RedisTierConfig:
     """The redis tier of table `t`; `directory`: where the relative files its url names are
     (the config file's), None to leave them relative."""
@@ -78,7 +78,7 @@ def parse_redis_tier(t: _Table, name: str, capacity: int, directory: Path | None
     )
 
 
-def _sent(t: _Table, key: str, seconds: float) -> float:
+def _sent(t: Table, key: str, seconds: float) -> float:
     """`seconds`, a duration the tier sends to the server in milliseconds: refused beyond what
     the server takes (every put then failed, or the loader's arithmetic overflowed)."""
     if seconds * 1000 > MAX_SERVER_MS:
@@ -105,7 +105,7 @@ def _anchored(url: str, directory: Path) -> str:
     return f"{head}{question}{'&'.join(parts)}{hash_mark}{fragment}"
 
 
-def _check_url(t: _Table, url: str) -> None:
+def _check_url(t: Table, url: str) -> None:
     """Refuse a url the client would refuse at open: one that does not parse, a port outside
     1..65535, a query parameter that would be shown or that the connections do not take, or
     whose value they cannot read. Messages quote a parameter's name, never the url itself (it
@@ -121,7 +121,7 @@ def _check_url(t: _Table, url: str) -> None:
     _check_with_client(t, url)
 
 
-def _check_query(t: _Table, url: str, query: str) -> None:
+def _check_query(t: Table, url: str, query: str) -> None:
     """The query's parameters go to redis-py's connections as keyword arguments
     (``rediss://host:port/0?ssl_ca_certs=/path/ca.pem``); refuse those that would be shown or
     that a plain connection does not take (only the names are quoted, never a value)."""
@@ -135,7 +135,7 @@ def _check_query(t: _Table, url: str, query: str) -> None:
             raise t.error("url", f"{name} needs a rediss:// URL (TLS)")
 
 
-def _check_with_client(t: _Table, url: str) -> None:
+def _check_with_client(t: Table, url: str) -> None:
     """Build, unconnected, the connection the tier's client would make of `url`: redis-py reads
     the query's values (``socket_timeout=abc``) and refuses parameters its connections do not
     take only then, which was at open. Without redis-py the tier's open says how to install
@@ -153,7 +153,7 @@ def _check_with_client(t: _Table, url: str) -> None:
         raise t.error("url", f"a query parameter redis-py refuses: {exc}") from None
 
 
-def _cluster_nodes(t: _Table, cluster: object) -> tuple[str, ...]:
+def _cluster_nodes(t: Table, cluster: object) -> tuple[str, ...]:
     if not isinstance(cluster, list) or not cluster:
         raise t.error("cluster", 'expected a list of "host:port" nodes')
     for node in cluster:
