@@ -97,3 +97,25 @@ def test_bench_json_beside_the_tiers_files_is_written(
     assert main(["bench", "--config", str(config), "--device", "scheduler", "--quick",
                  "--json", str(out)]) == 0, capsys.readouterr().err
     assert out.read_text().startswith("{")
+
+
+@pytest.mark.parametrize("option", ["--config", "--trace"])
+def test_bench_json_on_the_runs_own_config_or_trace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str
+) -> None:
+    # the results were written over the file the run had been asked to read
+    config = tmp_path / "devices.toml"
+    config.write_text(CONFIG.replace('path = "', f'path = "{tmp_path}/'))
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "hash_ids": [1, 2]}\n')
+    inputs = {"--config": config, "--trace": trace}
+    before = {path: path.read_bytes() for path in inputs.values()}
+    (tmp_path / "link.json").symlink_to(inputs[option])
+    argv = ["bench", "--config", str(config), "--quick", "--json", str(tmp_path / "link.json")]
+    if option == "--trace":
+        argv += ["--trace", str(trace)]
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.err.count("\n") == 1 and "--json" in captured.err and option in captured.err
+    assert {path: path.read_bytes() for path in inputs.values()} == before

@@ -29,6 +29,7 @@ from tierkv.config import (
     GpuTierConfig,
 )
 from tierkv.config.default import shm_or
+from tierkv.config.machine import media_identity
 from tierkv.errors import ConfigError, TierKVError
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ def run_bench(args: argparse.Namespace) -> int:
     _check_workdir(args.workdir)
     if args.json is not None:
         _check_writable(args.json)
+        _refuse_inputs(args)
     trace = _trace_job(args) if args.trace is not None else None
     results: dict[str, Any] = {}
     rows: list[Row] = []
@@ -162,6 +164,17 @@ def _check_writable(path: Path) -> None:
         raise ConfigError(f"--json: directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise ConfigError(f"--json: {path} cannot be created: {directory} is not writable")
+
+
+def _refuse_inputs(args: argparse.Namespace) -> None:
+    """Refuse a --json path that names the run's own config or trace, under any name: the
+    results were written over the file the run was asked to read."""
+    target = media_identity(args.json)
+    for option in ("config", "trace"):
+        given = getattr(args, option)
+        if given is not None and media_identity(given) == target:
+            raise ConfigError(f"--json: {args.json} is the --{option} file {given}; it would be "
+                              "overwritten")
 
 
 Job = Callable[[_Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
