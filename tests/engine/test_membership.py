@@ -1,7 +1,8 @@
 """A persistent tier that sat out a session of its hierarchy (taken out of the config for a
 while, then put back with its media) is refused at open, or cleared with ``format = true``:
 back in the hierarchy, its older values won over what was put meanwhile, and keys deleted
-meanwhile came back. A tier that took part in every session, or a new one, is taken as it is."""
+meanwhile came back. A tier that took part in every session, or a new one, is taken as it is;
+one whose record is damaged is refused as damaged."""
 
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ from typing import Any
 import pytest
 
 import tierkv
+from tests._media import flip_payload_bytes
 from tests.engine._configs import hierarchy_config
+from tests.tiers import test_nvme_conformance, test_pmem_conformance
+from tierkv.config import load_config
 from tierkv.errors import DeviceError
 from tierkv.formats.membership import Membership, decode_membership, encode_membership
+from tierkv.keys import MEMBERSHIP_KEY, encode_key
+from tierkv.tiers.registry import make_tier
 
 pytestmark = pytest.mark.pmem
 
@@ -136,6 +142,66 @@ async def test_a_session_killed_without_a_close_still_counts(tmp_path: Path) -> 
     async with tierkv.open(without_pmem(tmp_path)) as kv:
         assert await kv.get("k") == b"v2" * 1000
         assert await kv.get("d") is None
+
+
+def as_toml(config: dict[str, Any]) -> str:
+    """A `hierarchy_config` mapping as a TOML file's text, for the `tierkv` command."""
+    lines = ["[engine]", *(f"{k} = {json.dumps(v)}" for k, v in config["engine"].items())]
+    for tier in config["tiers"]:
+        lines += ["", "[[tiers]]", *(f"{k} = {json.dumps(v)}" for k, v in tier.items())]
+    return "\n".join(lines) + "\n"
+
+
+async def held(config: dict[str, Any], name: str) -> set[bytes]:
+    """The keys (canonical) the tier `name` of `config` holds, opened alone as a tier."""
+    tier = make_tier(next(tier for tier in load_config(config).tiers if tier.name == name))
+    recovered = await tier.open()
+    try:
+        return {obj.key for obj in recovered if obj.key != MEMBERSHIP_KEY}
+    finally:
+        await tier.close()
+
+
+#: where each persistent tier of `three` keeps its media, and its layout's payload finder
+MEDIA = {"pmem": ("tierkv.pool", test_pmem_conformance.payload_offsets),
+         "nvme": ("tierkv.log", test_nvme_conformance.payload_offsets)}
+
+
+@pytest.mark.parametrize("damaged", ["pmem", "nvme"])
+async def test_a_damaged_record_is_refused_as_such_and_format_recovers(
+    tmp_path: Path, damaged: str
+) -> None:
+    """A flipped byte in one tier's record: the open is refused with a message that says the
+    record is damaged (not that the tier sat a session out), names the tier and its path and
+    how to clear it. Cleared as it says, that tier's objects are misses and every other is
+    served byte for byte."""
+    config = three(tmp_path)
+    values = {f"k{i}": os.urandom(60_000) for i in range(150)}  # overflows the pool into the log
+    async with tierkv.open(config) as kv:
+        for key, value in values.items():
+            await kv.put(key, value)
+    other = next(tier for tier in MEDIA if tier != damaged)
+    kept = await held(config, other)
+    assert kept and {encode_key(key) for key in values} - kept  # each tier holds some
+    name, offsets = MEDIA[damaged]
+    flip_payload_bytes(tmp_path / name, MEMBERSHIP_KEY, offsets)
+    with pytest.raises(DeviceError) as refused:
+        await tierkv.open(config)
+    said = str(refused.value)
+    assert f"tier {damaged!r} ({tmp_path / name})" in said
+    assert "record of the sessions it took part in is damaged" in said
+    assert "ran without it since it last took part" not in said
+    assert f"tierkv format --config FILE --tier {damaged} --yes" in said
+    toml = tmp_path / "devices.toml"
+    toml.write_text(as_toml(config))
+    wipe = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tierkv.cli", "format", "--config", str(toml), "--tier", damaged,
+        "--yes", stderr=asyncio.subprocess.PIPE)
+    _out, said_by_format = await asyncio.wait_for(wipe.communicate(), 120)
+    assert wipe.returncode == 0, said_by_format
+    async with tierkv.open(config) as kv:
+        for key, value in values.items():
+            assert await kv.get(key) == (value if encode_key(key) in kept else None), key
 
 
 def test_the_record_round_trips_and_is_strict() -> None:

@@ -15,7 +15,10 @@ delete the newer one):
   cut short the writing of the records, before anything was served), or it holds nothing;
 - any other tier sat that session out (or ran before records were kept, beside one that has
   one): with ``format = false`` the open is refused with a `DeviceError` naming it and how to
-  clear it; with ``format = true`` everything it holds is deleted and synced first.
+  clear it; with ``format = true`` everything it holds is deleted and synced first;
+- so is a tier whose record is damaged (it failed its checksum, whether the tier found it so
+  at open, `Tier.damaged_at_open`, or at the read here), with a refusal that says so: its id
+  was in that record, so the others' records cannot vouch for it.
 
 Then every local persistent tier gets this session's record, synced. Records are kept only
 where they can matter: where two local persistent tiers are present, or a tier has one already
@@ -66,13 +69,17 @@ async def settle_membership(state: EngineState, recovered: list[list[RecoveredOb
             continue
         name, config = state.names[each.tier], state.config.tiers[each.tier]
         assert isinstance(config, PmemTierConfig | NvmeTierConfig)
-        why = ("its record of the sessions it took part in is damaged" if each.damaged else
-               "the hierarchy ran without it since it last took part (or it ran before such "
-               "records were kept): what it holds may have been overwritten or deleted meanwhile")
+        why = _why(each)
         if not config.format:
+            # a damaged record may have been the only one of a session run with this tier
+            # alone: then the others sat it out, and no record left says so
+            also = ("; if the hierarchy ran with it but without the others since they last ran "
+                    "together, clear those too (only its record knew)" if each.damaged else "")
             raise DeviceError(
-                f"tier {name!r} ({config.path}): {why}; refused. `tierkv format --config FILE "
-                f"--tier {name} --yes` clears it, or set format = true for that tier")
+                f"tier {name!r} ({config.path}): {why}; refused, nothing it holds deleted. "
+                f"`tierkv format --config FILE --tier {name} --yes` clears it (what it holds "
+                f"is lost; the other tiers keep theirs), or set format = true for that tier"
+                f"{also}")
         log.warning("tier %s (%s): %s; cleared (format = true)", name, config.path, why)
         await _clear(state, each.tier, recovered[each.tier])
         recovered[each.tier] = []
@@ -121,8 +128,31 @@ def _current(found: _Found, latest: Membership | None) -> bool:
                                    or record.tier in latest.members)
 
 
+def _why(found: _Found) -> str:
+    """Why a tier is not current, as the refusal says it."""
+    if found.damaged:
+        # Not rewritten from the other tiers' records: they list the ids of the latest
+        # session's members, but this tier's own id was in the damaged record, so nothing
+        # tells it from a tier that sat that session out (another pool, say, took its place
+        # meanwhile; or the bytes that failed were the session's)
+        return ("its record of the sessions it took part in is damaged (it failed its "
+                "checksum), so nothing tells whether the hierarchy ran without it since: what "
+                "it holds may have been overwritten or deleted meanwhile")
+    if found.record is None:
+        return ("it holds objects but no record of the sessions it took part in, which the "
+                "other tiers have: the hierarchy ran without it since it last took part, it "
+                "ran before such records were kept, or its record was lost to damage at an "
+                "earlier open; what it holds may have been overwritten or deleted meanwhile")
+    return ("the hierarchy ran without it since it last took part: what it holds may have "
+            "been overwritten or deleted meanwhile")
+
+
 async def _read(state: EngineState, tier: int, recovered: Sequence[RecoveredObject]) -> _Found:
     holds = any(obj.key != MEMBERSHIP_KEY for obj in recovered)
+    # a record the tier found damaged at open is not among what it recovered: without its
+    # report that would read as a tier that never had one
+    if MEMBERSHIP_KEY in state.tiers[tier].damaged_at_open():
+        return _Found(tier, None, holds, damaged=True)
     try:
         return _Found(tier, await _record_of(state, tier, recovered), holds)
     except CorruptObjectError:

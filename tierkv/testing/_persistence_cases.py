@@ -94,7 +94,9 @@ class PersistenceCases(ConformanceBase):
     @pytest.mark.parametrize("crashed", [False, True], ids=["closed", "crash-image"])
     async def test_corrupt_payload_is_a_miss(self, tmp_path: Path, crashed: bool) -> None:
         """A payload damaged on the media is never served: its get is None (again and again),
-        and every other object comes back byte for byte."""
+        and every other object comes back byte for byte. Nor does it vanish unsaid: its key is
+        still listed by `open` or reported by `damaged_at_open` (its owner tells it apart from
+        a key never written)."""
         media, image = media_dirs(tmp_path)
         tier = await self._persistent_tier(media)
         await tier.open()
@@ -118,6 +120,9 @@ class PersistenceCases(ConformanceBase):
         try:
             assert {r.key for r in recovered} <= set(datas)
             assert {r.key for r in recovered} >= set(datas) - set(victims)
+            listed = {r.key for r in recovered}
+            assert not listed & again.damaged_at_open()
+            assert set(victims) <= listed | again.damaged_at_open()
             for victim in victims:
                 assert await again.get(victim) is None
                 assert await again.get(victim) is None

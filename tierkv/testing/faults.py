@@ -217,6 +217,9 @@ class FaultyTier(Tier):
     def forget(self, key: bytes) -> bool:
         return self.inner.forget(key)
 
+    def damaged_at_open(self) -> frozenset[bytes]:
+        return self.inner.damaged_at_open()
+
     async def flush(self) -> None:
         await self._fault("flush")
         await self.inner.flush()

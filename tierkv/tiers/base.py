@@ -141,6 +141,15 @@ class Tier(ABC):
             await self._close()
         self.state = TierState.CLOSED
 
+    def damaged_at_open(self) -> frozenset[bytes]:
+        """Keys whose newest record on the media `open` found damaged (it failed a checksum
+        while its object header, checksummed apart, still named the key): the tier does not
+        hold them, and they are not among what `open` returned. A record damaged past that
+        names no key; one found damaged only at `get` (not read at open) is a miss there. So
+        an owner can tell an object of its own that was damaged from one never written.
+        Empty for a tier that keeps nothing on media (this default)."""
+        return frozenset()
+
     @abstractmethod
     async def _open(self) -> list[RecoveredObject]: ...
 

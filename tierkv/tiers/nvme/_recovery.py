@@ -223,7 +223,10 @@ class NvmeRecovery:
                     # what it held is lost, and it superseded the key's older records: a miss,
                     # never the older value (counted among the checksum failures already)
                     st.shadow(region, st.forget(entry.key))
-                elif entry.tombstone:
+                    st.damaged.add(entry.key)
+                    continue
+                st.damaged.discard(entry.key)  # a newer record: the damage is superseded
+                if entry.tombstone:
                     st.shadow(region, st.forget(entry.key))
                     st.counters["tombstones_applied"] += 1
                 else:

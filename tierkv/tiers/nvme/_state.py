@@ -52,7 +52,8 @@ class LogState:
     are ``None`` until open (and after close).
     """
 
-    __slots__ = ("changed", "config", "counters", "device", "failures", "failures_raised",
+    __slots__ = ("changed", "config", "counters", "damaged", "device", "failures",
+                 "failures_raised",
                  "flushes", "head", "index", "io", "last_flush", "live", "lock", "lost", "name",
                  "next_seq", "on_drop", "pool", "reclaim_worth", "recovered_from",
                  "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
@@ -102,6 +103,8 @@ class LogState:
         self.flushes: set[asyncio.Task[None]] = set()
         self.last_flush: asyncio.Task[None] | None = None
         self.recovered_from = "new"
+        #: keys whose newest record the scan at open found damaged (`Tier.damaged_at_open`)
+        self.damaged: set[bytes] = set()
         self.live = 0
         self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
                          "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
@@ -152,6 +155,7 @@ class LogState:
         checkpoint is loaded or a scan, or after a checkpoint failed)."""
         self.index = NvmeIndex(self.grain, weigh=meta_weight)
         self.regions = RegionTable(self.region_count)
+        self.damaged = set()
         self.live = 0
         self.reserve.tally(self.regions, 0)
         self.reserve.hold(self.index)

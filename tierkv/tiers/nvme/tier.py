@@ -46,7 +46,8 @@ fewer than two regions for data (a log of two regions), keeps none. Otherwise th
 rebuilt by scanning region entry headers (`_scan`). Entries failing a checksum are never
 served: at scan they are dropped, at `get` the key becomes a miss; both are counted
 (``checksum_failures``); at scan a damaged record whose object header still names its key is
-that key's tombstone (its older records are not served in its place). A crash never brings
+that key's tombstone (its older records are not served in its place), reported by
+`damaged_at_open` unless a newer record of the key follows it. A crash never brings
 back a deleted, overwritten or dropped entry once
 the delete/overwrite was flushed: a region holding a record that supersedes one in an older
 region (an overwrite or a tombstone) is not reclaimed before that older region
@@ -211,6 +212,9 @@ class NvmeTier(Tier):
     # -- lifecycle -------------------------------------------------------------------------------
     def set_reclaim_worth(self, worth: ReclaimWorth | None) -> None:
         self._st.reclaim_worth = worth
+
+    def damaged_at_open(self) -> frozenset[bytes]:
+        return frozenset(self._st.damaged)
 
     async def _open(self) -> list[RecoveredObject]:
         st = self._st

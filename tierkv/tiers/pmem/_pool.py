@@ -233,24 +233,47 @@ def register_classes(pool: pmemobj.Pool) -> list[int]:
     ]
 
 
-def recover(pool: pmemobj.Pool, name: str, counters: dict[str, int]) -> dict[bytes, PoolObject]:
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What the recovery walk found: the newest whole record of each key, oldest first, and
+    the keys whose newest record was damaged (`Tier.damaged_at_open`)."""
+
+    objects: dict[bytes, PoolObject]
+    damaged: frozenset[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Damaged:
+    """A record whose payload failed its checksum while its header still names its key."""
+
+    key: bytes
+    order: tuple[int, int]  # (generation, sequence), as records of one key are ordered
+
+
+def recover(pool: pmemobj.Pool, name: str, counters: dict[str, int]) -> Recovered:
     """The newest whole record of each key in `pool`, oldest first (by sequence: the order an
     LRU list of what was written would hold them in).
 
     Walks every object; frees the ones that fail their checks and the older record of a key,
-    counting each kind in the tier's `counters` as it goes (`*_freed_at_open`). What exceeds
-    the capacity (a pool reopened with a smaller one) is kept: the tier reports it over its
-    capacity, and the engine's evictor moves the oldest out, into a lower tier where there is
-    one (freed here, they were lost even where the log below had room).
+    counting each kind in the tier's `counters` as it goes (`*_freed_at_open`). A damaged
+    record newer than a key's whole one superseded it (a crash never leaves a record half
+    written: this is media damage): the whole one is freed too, so the key is a miss, never
+    the older value. What exceeds the capacity (a pool reopened with a smaller one) is kept:
+    the tier reports it over its capacity, and the engine's evictor moves the oldest out, into
+    a lower tier where there is one (freed here, they were lost even where the log below had
+    room).
     """
     found: dict[bytes, PoolObject] = {}
+    damaged: dict[bytes, tuple[int, int]] = {}
     oid = pool.first()
     while oid is not None:
         following = pool.next(oid)
         record = _check_record(pool, oid, name)
-        if record is None:
+        if record is None or isinstance(record, _Damaged):
             counters["corrupt_freed_at_open"] += 1
             pool.free(oid)
+            if isinstance(record, _Damaged):
+                damaged[record.key] = max(record.order, damaged.get(record.key, record.order))
         else:
             key, obj = record
             old = found.get(key)
@@ -261,11 +284,20 @@ def recover(pool: pmemobj.Pool, name: str, counters: dict[str, int]) -> dict[byt
                 pool.free(old.oid)
             found[key] = obj
         oid = following
-    return dict(sorted(found.items(), key=lambda item: item[1].sequence))
+    for key, order in damaged.items():
+        whole = found.get(key)
+        if whole is not None and (whole.meta.generation, whole.sequence) < order:
+            counters["superseded_freed_at_open"] += 1
+            pool.free(whole.oid)
+            del found[key]
+    return Recovered(dict(sorted(found.items(), key=lambda item: item[1].sequence)),
+                     frozenset(key for key in damaged if key not in found))
 
 
 def _check_record(pool: pmemobj.Pool, oid: pmemobj.Oid,
-                  name: str) -> tuple[bytes, PoolObject] | None:
+                  name: str) -> tuple[bytes, PoolObject] | _Damaged | None:
+    """The record at `oid`; `_Damaged` where only its payload fails, None where it is no
+    record (or its prefix or header is damaged: whose it was is unknown)."""
     if pool.type_num(oid) != layout.OBJECT_TYPE_NUM:
         log.warning("tier %s: freeing an object of unknown type %#x", name, pool.type_num(oid))
         return None
@@ -273,12 +305,19 @@ def _check_record(pool: pmemobj.Pool, oid: pmemobj.Oid,
     address = pool.direct(oid)
     view = pool_view(address, usable)
     try:
-        info = layout.decode_record(view)
+        try:
+            info = layout.decode_record(view)
+        except CorruptObjectError as exc:
+            log.warning("tier %s: freeing a corrupt object at offset %#x: %s", name, oid.off,
+                        exc)
+            return None
         header = info.header
-        verify_payload(header, view[info.payload_offset : info.record_size])
-    except CorruptObjectError as exc:
-        log.warning("tier %s: freeing a corrupt object at offset %#x: %s", name, oid.off, exc)
-        return None
+        try:
+            verify_payload(header, view[info.payload_offset : info.record_size])
+        except CorruptObjectError as exc:
+            log.warning("tier %s: freeing a corrupt object at offset %#x: %s", name, oid.off,
+                        exc)
+            return _Damaged(header.key, (header.meta.generation, info.sequence))
     finally:
         view.release()
     obj = PoolObject(oid, address, header.meta, info.payload_offset, header.payload_checksum,

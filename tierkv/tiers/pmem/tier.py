@@ -8,8 +8,10 @@ allocates the new record first and frees the old one after; a crash in between l
 recovery keeps the newer. `delete` is ``pmemobj_free`` (atomic).
 
 Recovery: `open` walks every object of the pool (``pmemobj_first``/``pmemobj_next``), checks each
-record's prefix, header and payload checksum, frees what fails (counted), keeps the newest record
-of each key and rebuilds the DRAM index (key → object), oldest first. Objects beyond the
+record's prefix, header and payload checksum, frees what fails (counted; a damaged record whose
+header still names its key is reported, `damaged_at_open`, and the key's older record is not
+served in its place), keeps the newest record of each key and rebuilds the DRAM index
+(key → object), oldest first. Objects beyond the
 configured capacity (a pool reopened with a smaller one) are kept: `used` then exceeds
 `capacity` until they leave, and no put fits meanwhile; the engine's evictor, cued at open,
 moves the oldest out into the tier below (freed here, they were lost even where the log below
@@ -119,6 +121,7 @@ class PmemTier(Tier):
         self._payload_bytes = 0
         self._sequence = 1
         self._writer: RecordWriter | None = None
+        self._damaged: frozenset[bytes] = frozenset()
         self.media: Media | None = None
         self._counters = {
             "corrupt_freed_at_open": 0,
@@ -178,9 +181,14 @@ class PmemTier(Tier):
                         self.media.durability)
         return recovered
 
+    def damaged_at_open(self) -> frozenset[bytes]:
+        return self._damaged
+
     def _recover(self, pool: pmemobj.Pool) -> list[RecoveredObject]:
-        found = recover(pool, self.name, self._counters)
+        walked = recover(pool, self.name, self._counters)
+        found = walked.objects
         self._objects = found
+        self._damaged = walked.damaged
         self._used = sum(obj.footprint for obj in found.values())
         if self._used > self._capacity:
             self._counters["over_capacity_at_open"] = self._used - self._capacity
