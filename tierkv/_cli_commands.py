@@ -213,8 +213,9 @@ def _format(args: argparse.Namespace) -> int:
         print(f"tierkv: format would wipe {listed}: everything they hold is lost; "
               "add --yes to wipe", file=sys.stderr)
         return 2
-    for tier in targets:
-        wiped = registry.wipe(tier)
+    # every tier is taken (locked, checked) before any is wiped: one that cannot be refuses
+    # them all, rather than leave the ones before it wiped under a message about it alone
+    for tier, wiped in zip(targets, registry.wipe_all(targets), strict=True):
         console.print(f"{tier.name} ({tier.kind.value}): {wiped}", markup=False, highlight=False,
                       soft_wrap=True)
     return 0

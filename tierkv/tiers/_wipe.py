@@ -12,7 +12,9 @@ header is gone.
 While it writes, the wipe holds an exclusive ``flock`` on the media, and it refuses media on
 which another open file holds one: PMDK takes one on every pool it opens, and the nvme tier one
 on its log for as long as it is open, so an open tier's media is never wiped under its user (in
-this process or another).
+this process or another). Taking the media (`claim`: opened, locked, its kind checked) is apart
+from writing it (`Claim.wipe`), so that several tiers are all taken before any is written: a
+wipe of a config's tiers refuses them all, untouched, where one cannot be had.
 """
 
 from __future__ import annotations
@@ -55,16 +57,51 @@ class Wiped:
         return f"{self.path}: {self.action.value}"
 
 
-def wipe_media(path: Path, header_area: int) -> Wiped:
-    """Leave the media at `path` new for its tier (see the module docstring): a regular file
-    truncated to size 0, a device with its first `header_area` bytes zeroed, each made durable
-    before this returns. `DeviceError` naming the path when the media is held by another open
-    pool, is neither a file nor a device, or cannot be opened or written (only a failing write
-    leaves anything changed)."""
+class Claim:
+    """Media opened for a wipe under an exclusive ``flock``, held until `release` (which closes
+    it; idempotent): nothing else can open the tier meanwhile. `fd` is None for media that
+    does not exist (nothing to wipe)."""
+
+    __slots__ = ("fd", "info", "path")
+
+    def __init__(self, path: Path, fd: int | None, info: os.stat_result | None) -> None:
+        self.path = path
+        self.fd = fd
+        self.info = info
+
+    def wipe(self, header_area: int) -> Wiped:
+        """Leave the media new (see the module docstring), durable before this returns;
+        `DeviceError` naming the path when a write fails (only that leaves anything
+        changed)."""
+        if self.fd is None or self.info is None:
+            return Wiped(self.path, WipeAction.NOTHING)
+        try:
+            if stat.S_ISREG(self.info.st_mode):
+                os.ftruncate(self.fd, 0)
+                os.fsync(self.fd)
+                return Wiped(self.path, WipeAction.TRUNCATED, self.info.st_size)
+            if stat.S_ISBLK(self.info.st_mode):
+                _zero_written(self.fd, header_area)
+            else:
+                _zero_mapped(self.fd, header_area, _dax_alignment(self.info.st_rdev))
+        except OSError as exc:
+            raise DeviceError(f"{self.path}: wipe failed: {exc.strerror}") from exc
+        return Wiped(self.path, WipeAction.ZEROED, header_area)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the flock
+            self.fd = None
+
+
+def claim(path: Path) -> Claim:
+    """The media at `path`, opened and locked for a wipe, nothing written yet. `DeviceError`
+    naming the path when it cannot be opened, is held by another open file (an open pool or
+    log), or is neither a regular file nor a device."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        return Wiped(path, WipeAction.NOTHING)
+        return Claim(path, None, None)
     except OSError as exc:
         raise DeviceError(f"{path}: cannot open it to wipe it: {exc.strerror}") from exc
     try:
@@ -72,25 +109,26 @@ def wipe_media(path: Path, header_area: int) -> Wiped:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+                raise DeviceError(f"{path}: cannot lock it to wipe it: {exc.strerror}") from exc
             raise DeviceError(f"{path}: in use by another process (or an open tier); "
                               "not wiped") from exc
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode):
-            os.ftruncate(fd, 0)
-            os.fsync(fd)
-            return Wiped(path, WipeAction.TRUNCATED, info.st_size)
-        if stat.S_ISBLK(info.st_mode):
-            _zero_written(fd, header_area)
-        elif stat.S_ISCHR(info.st_mode):
-            _zero_mapped(fd, header_area, _dax_alignment(info.st_rdev))
-        else:
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                or stat.S_ISCHR(info.st_mode)):
             raise DeviceError(f"{path}: neither a regular file nor a device; not wiped")
-        return Wiped(path, WipeAction.ZEROED, header_area)
-    except OSError as exc:
-        raise DeviceError(f"{path}: wipe failed: {exc.strerror}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return Claim(path, fd, info)
+
+
+def wipe_media(path: Path, header_area: int) -> Wiped:
+    """`claim` the media at `path` and wipe it (`Claim.wipe`), releasing it after."""
+    taken = claim(path)
+    try:
+        return taken.wipe(header_area)
     finally:
-        os.close(fd)  # releases the flock
+        taken.release()
 
 
 def _zero_written(fd: int, size: int) -> None:

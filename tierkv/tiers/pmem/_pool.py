@@ -2,9 +2,10 @@
 
 Separate from the tier because it is the open-time half of it: it runs once, on the copy thread,
 before the tier serves anything; it decides what the media at the configured path may become
-(`open_pool`: the one meaning of ``format``; `wipe`: `tierkv format`) and walks the pool to find
-the live records (`PoolObject`) that the tier then indexes. An existing pool is opened and walked
-in a probe process first (`_probe`), so that damage PMDK does not check cannot crash this one.
+(`open_pool`: the one meaning of ``format``; `tierkv format` is `tiers.registry.wipe_all`) and
+walks the pool to find the live records (`PoolObject`) that the tier then indexes. An existing
+pool is opened and walked in a probe process first (`_probe`), so that damage PMDK does not
+check cannot crash this one.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats import pmem_layout as layout
 from tierkv.formats.header import verify_payload
 from tierkv.formats.value import ObjectMeta
-from tierkv.tiers._wipe import Wiped, wipe_media
+from tierkv.tiers._wipe import wipe_media
 from tierkv.tiers.pmem import _pmemobj as pmemobj
 from tierkv.tiers.pmem import _probe
 from tierkv.tiers.pmem._copy import pool_view
@@ -119,13 +120,6 @@ def _replace(config: PmemTierConfig, name: str, kind: layout.PoolFile, capacity:
                           "replace it, losing its contents)") from unusable
     log.warning("tier %s: replacing what is at %s (format = true): %s", name, path, unusable)
     return _recreate(path, kind, capacity)
-
-
-def wipe(config: PmemTierConfig) -> Wiped:
-    """Make the pool's media new (`tierkv format`): the file truncated to size 0, a device's
-    header area zeroed, so that the next open creates an empty pool whatever ``format`` says.
-    `DeviceError` while the pool is open (PMDK's flock), here or in another process."""
-    return wipe_media(config.path, layout.HEADER_AREA)
 
 
 def _open_usable(path: Path) -> pmemobj.Pool:
