@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import tierkv
+from tests._endless import KINDS, endless_input, run_capped
 from tierkv.cli import main
 from tierkv.config import Config, TierConfig, load_config
 from tierkv.formats.value import ObjectMeta, ValueKind
@@ -59,31 +60,14 @@ def test_missing_config_file_is_a_config_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-def _address_space_capped() -> None:
-    # a child that reads without bound fails here with MemoryError instead of taking the
-    # machine's memory (what it did before the config loader bounded its read)
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-
-
-@pytest.mark.parametrize("what", ["dev-zero", "sparse-pool"])
+@pytest.mark.parametrize("what", KINDS)
 def test_a_config_that_is_no_config_file_but_endless_or_huge_is_a_config_error(
     tmp_path: Path, what: str
 ) -> None:
     # --config on a pool or log file (tab completion) or on a character device was read whole:
     # a MemoryError traceback, or the OOM killer, before any word about the config
-    if what == "dev-zero":
-        config = Path("/dev/zero")
-    else:
-        config = tmp_path / "tierkv.pool"
-        with config.open("wb") as pool:
-            pool.truncate(4 << 30)
-    result = subprocess.run(
-        [sys.executable, "-m", "tierkv.cli", "info", "--config", str(config)],
-        capture_output=True, text=True, timeout=120, check=False,
-        preexec_fn=_address_space_capped,
-    )
+    config = endless_input(tmp_path, what)
+    result = run_capped("info", "--config", str(config))
     assert_one_line(result, 2)
     assert str(config) in result.stderr
 
@@ -312,12 +296,8 @@ def test_bench_refuses_an_option_the_run_would_ignore(
 
 def test_bench_sized_beyond_the_memory_is_one_line(tmp_path: Path) -> None:
     # the soak sized its hierarchy for values of up to a TiB: a MemoryError traceback
-    result = subprocess.run(
-        [sys.executable, "-m", "tierkv.cli", "bench", "--faults", "", "--size", "1TiB",
-         "--count", "4", "--quick", "--workdir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False,
-        preexec_fn=_address_space_capped,
-    )
+    result = run_capped("bench", "--faults", "", "--size", "1TiB", "--count", "4", "--quick",
+                        "--workdir", str(tmp_path))
     assert_one_line(result, 1)
     assert "out of memory" in result.stderr
     assert list(tmp_path.iterdir()) == []  # its scratch media removed

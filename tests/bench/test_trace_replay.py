@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tierkv
+from tests._endless import KINDS, endless_input, run_capped
 from tests.engine.conftest import l1_config
 from tierkv.bench.trace import (
     TraceClock,
@@ -337,29 +336,12 @@ def test_a_bad_trace_file_is_one_line_and_exit_2(
     assert "--trace" in err
 
 
-def _address_space_capped() -> None:
-    # a child that reads without bound fails here with MemoryError instead of taking the
-    # machine's memory (what it did before the reader bounded its lines)
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-
-
-@pytest.mark.parametrize("what", ["dev-zero", "sparse-pool"])
+@pytest.mark.parametrize("what", KINDS)
 def test_a_trace_without_line_ends_is_one_line_and_exit_2(tmp_path: Path, what: str) -> None:
     # --trace naming a pool file or /dev/zero: its first "line" was read whole, a MemoryError
     # traceback (or the OOM killer) instead of a word about the trace
-    if what == "dev-zero":
-        trace = Path("/dev/zero")
-    else:
-        trace = tmp_path / "tierkv.pool"
-        with trace.open("wb") as pool:
-            pool.truncate(4 << 30)
-    result = subprocess.run(
-        [sys.executable, "-m", "tierkv.cli", "bench", "--trace", str(trace), "--quick"],
-        capture_output=True, text=True, timeout=120, check=False,
-        preexec_fn=_address_space_capped,
-    )
+    trace = endless_input(tmp_path, what)
+    result = run_capped("bench", "--trace", str(trace), "--quick")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
