@@ -118,7 +118,21 @@ def test_expired_plans_cover_only_idle_unprotected_copies() -> None:
     scheduler.admitted(0, b"b", 2.0)
     scheduler.admitted(0, b"c", 8.0)
     plans = scheduler.expired(0, 5.0, lambda key: key == b"b", objects.get)
-    assert plans == [Demote(b"a", 1, 10, 0, 1)]
+    assert plans == [Demote(b"a", 1, 10, 0, 1, idle_since=5.0)]
+
+
+def test_an_expired_plan_holds_only_while_its_object_stays_idle() -> None:
+    """The engine asks `still_idle` when an expiry's plan runs, which may be much later."""
+    scheduler = Scheduler(hierarchy(), SchedulerConfig())
+    objects = {b"a": Obj(b"a", locations=[0])}
+    scheduler.admitted(0, b"a", 1.0)
+    [plan] = scheduler.expired(0, 5.0, lambda key: False, objects.get)
+    assert scheduler.still_idle(plan)
+    scheduler.accessed(0, b"a", 6.0)  # read after the plan was made
+    assert not scheduler.still_idle(plan)
+    scheduler.removed(0, b"a")
+    assert not scheduler.still_idle(plan)
+    assert scheduler.still_idle(Demote(b"a", 1, 10, 0, 1))  # the evictor's: no idleness asked
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -592,7 +592,8 @@ def expiry_setup() -> tuple[Scheduler, dict[bytes, Obj]]:
 def test_expiry_without_a_room_report_plans_every_idle_copy() -> None:
     scheduler, objects = expiry_setup()
     assert scheduler.expired(0, 10.0, never, objects.get) == [
-        Demote(b"a", 1, 10, 0, 1), Demote(b"b", 1, 10, 0, 1), Evict(b"c", 1, 10, 0)]
+        Demote(b"a", 1, 10, 0, 1, 10.0), Demote(b"b", 1, 10, 0, 1, 10.0),
+        Evict(b"c", 1, 10, 0, 10.0)]
 
 
 @pytest.mark.parametrize(("room", "expected"), [
@@ -619,10 +620,12 @@ def test_expiry_skips_protected_and_fresh_copies() -> None:
     scheduler, objects = expiry_setup()
     plans = scheduler.expired(0, 10.0, lambda key: key in (b"a", b"c"), objects.get,
                               lambda tier: 1000)
-    assert plans == [Demote(b"b", 1, 10, 0, 1)]
+    assert plans == [Demote(b"b", 1, 10, 0, 1, 10.0)]
+    assert scheduler.still_idle(plans[0])
     scheduler.accessed(0, b"b", 15.0)
+    assert not scheduler.still_idle(plans[0])  # a plan made before the read no longer holds
     assert scheduler.expired(0, 10.0, never, objects.get, lambda tier: 1000) == [
-        Demote(b"a", 1, 10, 0, 1), Evict(b"c", 1, 10, 0)]
+        Demote(b"a", 1, 10, 0, 1, 10.0), Evict(b"c", 1, 10, 0, 10.0)]
 
 
 def test_expiry_in_the_last_tier_drops_the_idle_copies() -> None:
@@ -631,7 +634,7 @@ def test_expiry_in_the_last_tier_drops_the_idle_copies() -> None:
     scheduler.admitted(2, b"old", 1.0)
     scheduler.admitted(2, b"new", 20.0)
     assert scheduler.expired(2, 10.0, never, objects.get, lambda tier: 0) == [
-        Drop(b"old", 1, 10, 2)]
+        Drop(b"old", 1, 10, 2, 10.0)]
 
 
 # -- chains ----------------------------------------------------------------------------------

@@ -179,6 +179,32 @@ async def test_idle_objects_expire_in_the_background(tmp_path: Path) -> None:
         assert await kv.get("idle") == b"i" * 3000
 
 
+@pytest.mark.parametrize("policy", ["lru++", "lru"])
+async def test_an_object_read_while_its_expiry_waits_for_the_budget_stays(
+        tmp_path: Path, policy: str) -> None:
+    """Expiry's moves are paced by `background_bandwidth`, so a plan may run long after it was
+    made: an object read meanwhile is hot again, and its plan must leave it in the first tier.
+    The clock the scheduler sees is the test's, so both objects expire in one pass."""
+    now = 0.0
+    config = gpu_nvme(tmp_path, gpu={"ttl": "100ms"},
+                      scheduler={"policy": policy, "background_bandwidth": "4KiB"})
+    async with tierkv.open(config, clock=lambda: now) as kv:
+        await kv.put("first", b"f" * 4000)  # its move books the budget for about a second
+        await kv.put("hot", b"h" * 4000)
+        now = 10.0  # both idle past the ttl: the next pass plans both, oldest first
+        deadline = time.monotonic() + 30
+        while not kv.stats()["engine"]["moves_in_flight"]:  # a pass signals nothing
+            assert time.monotonic() < deadline, "no expiry pass planned the moves"
+            await asyncio.sleep(0.005)
+        assert await kv.get("hot") == b"h" * 4000  # while its plan waits behind first's
+        await kv.settle()
+        assert await kv.locate("first") == "nvme"
+        assert await kv.locate("hot") == "gpu"
+        stats = kv.stats()["engine"]
+        assert stats["expired"] == 1
+        assert stats["moves_discarded"] == 1
+
+
 async def test_concurrent_overwrites_of_large_objects_never_starve_a_put() -> None:
     """Four tasks overwrite ten keys with objects of one to four slots in a four-slot tier:
     every object fits the tier alone, so no put may give up, though keys held by puts in

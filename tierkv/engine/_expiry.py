@@ -5,7 +5,9 @@ task wakes a few times per `ttl`, asks the scheduler which objects of the tier h
 since before the cutoff, and submits their plans to the executor (a demotion, or only a delete
 where a lower tier already holds a copy; in the last tier, a drop). Pinned and busy objects stay,
 and so do objects the tiers below have no free room for (above their low watermarks): expiry
-never pushes another object out of the cache, not even through an evictor it woke.
+never pushes another object out of the cache, not even through an evictor it woke. A plan may
+run long after it was made (expiry's moves are paced by `background_bandwidth`): each carries
+its cutoff, and one whose object was read meanwhile is discarded when it runs (`_moves`).
 """
 
 from __future__ import annotations

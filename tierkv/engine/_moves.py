@@ -3,7 +3,8 @@
 A move holds its key (`KeyGate`) for its whole run, but never waits for it: a key busy with a
 put, delete, pin or another move when the plan comes to run is left alone (the plan is
 discarded and the scheduler plans again later). It then checks the plan against the index (the
-same entry, the same generation, the copies it expects) and discards it if anything changed.
+same entry, the same generation, the copies it expects) and discards it if anything changed; an
+expiry's plan is also discarded if its object was read since it was made (`Scheduler.still_idle`).
 The object stays readable from its source until the target copy is committed; the source copy
 goes last, and when the source was persistent only after the target's copy is on media (a
 flush of the target, shared with other moves and puts through group commit). A move that fails
@@ -88,6 +89,8 @@ class Moves:
                 return await self._share(entry, plan, claim)
             if departs_from(plan) == 0 and plan.key in st.pins:
                 return False  # pinned since the plan was made: its first-tier copy stays
+            if not st.scheduler.still_idle(plan):
+                return False  # an expiry's, and the object was read since: it stays
             if isinstance(plan, Demote):
                 return await self._demote(entry, plan, claim)
             return await self._leave(entry, plan, claim)

@@ -51,3 +51,7 @@ class LruPolicy:
                 break
             stale.append(key)
         return stale
+
+    def idle_since(self, key: bytes, cutoff: float) -> bool:
+        last = self._last_access.get(key)
+        return last is not None and last < cutoff

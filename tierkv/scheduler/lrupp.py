@@ -108,6 +108,10 @@ class ScoredPolicy:
             stale.append(key)
         return stale
 
+    def idle_since(self, key: bytes, cutoff: float) -> bool:
+        last = self._recent.get(key)  # None too where the tier keeps no recency (no TTL)
+        return last is not None and last < cutoff
+
     def _push(self, key: bytes, score: Score | None) -> None:
         self._sequence += 1
         sequence = self._sequence

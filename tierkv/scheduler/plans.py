@@ -2,7 +2,11 @@
 
 Each plan names one object by key and by the generation the decision was made for; the executor
 checks that generation again when it runs the plan, so a plan made for a value that was
-overwritten, deleted or invalidated meanwhile is discarded instead of moving the new value.
+overwritten, deleted or invalidated meanwhile is discarded instead of moving the new value. A
+departure made because its object idled (a TTL's, `Scheduler.expired`) carries the cutoff it was
+idle since: the executor asks the scheduler again when the plan runs (`Scheduler.still_idle`),
+which may be long after (the plans are paced by `background_bandwidth`), and a plan whose object
+was read meanwhile is discarded rather than demoting a hot object.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ class Demote:
     nbytes: int
     source: int
     target: int
+    #: a TTL's plan: the cutoff its object was idle since, and must still be when the plan runs
+    idle_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +49,8 @@ class Evict:
     generation: int
     nbytes: int
     tier: int
+    #: a TTL's plan: the cutoff its object was idle since, and must still be when the plan runs
+    idle_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,8 @@ class Drop:
     generation: int
     nbytes: int
     tier: int
+    #: a TTL's plan: the cutoff its object was idle since, and must still be when the plan runs
+    idle_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

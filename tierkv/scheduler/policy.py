@@ -2,8 +2,8 @@
 
 Small on purpose (in the spirit of vLLM's KV offload manager): the engine reports every copy that
 enters (`insert`), is read (`touch`) or leaves (`remove`) a tier, and asks for victims
-(`evict`) and for idle keys (`idle`). A policy does no IO and keeps no reference to the objects;
-time is passed in, so tests need no clock.
+(`evict`) and for idle keys (`idle`, `idle_since`). A policy does no IO and keeps no reference to
+the objects; time is passed in, so tests need no clock.
 """
 
 from __future__ import annotations
@@ -35,3 +35,7 @@ class EvictionPolicy(Protocol):
 
     def idle(self, cutoff: float) -> list[bytes]:
         """Keys not read or inserted since `cutoff`, oldest first."""
+
+    def idle_since(self, key: bytes, cutoff: float) -> bool:
+        """Whether `key` is one of `idle(cutoff)`: held, and not read or inserted since
+        `cutoff`."""

@@ -3,10 +3,10 @@
 Pure and synchronous: no IO, time passed in. The engine reports what enters, is read in and
 leaves each tier (`admitted`, `accessed`, `removed`) and asks what to do: which tier a put goes
 to (`write_tier`), where write-through and `flush` make an object durable (`durable_tier`), where
-a copy goes when it must leave a tier (`departures`, `expired`), whether a hit in a lower tier
-earns a copy upward (`on_hit`), and what keeping each copy is worth to a log reclaiming a region
-(`reclaim_worth`). It reads the engine's index only through `Lookup`, which answers
-for one key at a time.
+a copy goes when it must leave a tier (`departures`, `expired`), whether an expiry's plan still
+holds when it runs (`still_idle`), whether a hit in a lower tier earns a copy upward (`on_hit`),
+and what keeping each copy is worth to a log reclaiming a region (`reclaim_worth`). It reads the
+engine's index only through `Lookup`, which answers for one key at a time.
 
 Two policies (`[scheduler] policy`): ``lru`` keeps each tier in least-recently-used order, admits
 every demotion and promotes every hit below the first tier (the baseline); ``lru++`` ranks keys by
@@ -34,7 +34,7 @@ from tierkv.scheduler.placement import (
     first_persistent_for,
     first_tier_for,
 )
-from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote, Share
+from tierkv.scheduler.plans import Demote, Departure, Drop, Evict, Promote, Share, departs_from
 from tierkv.scheduler.policy import EvictionPolicy as TierPolicy
 from tierkv.scheduler.scores import ScoreBook
 from tierkv.scheduler.select import TierProfile, select_tier
@@ -217,14 +217,15 @@ class Scheduler:
         an idle object is only moved down into room that is free: a TTL frees the upper tier
         ahead of demand and makes objects durable sooner, but never pushes another object out
         of the cache (an expiry that demoted into a full tier dropped the lower tier's victims
-        and left the upper tier empty, so the hierarchy held a fifth less than its capacity)."""
+        and left the upper tier empty, so the hierarchy held a fifth less than its capacity).
+        Each plan carries `cutoff` (`idle_since`), for `still_idle` when it runs."""
         plans: list[Departure] = []
         free = {} if room is None else {t: room(t) for t in range(tier + 1, len(self._tiers))}
         for key in self.policies[tier].idle(cutoff):
             copies = lookup(key)
             if protected(key) or copies is None or tier not in copies.locations:
                 continue
-            plan = self._depart(tier, copies)
+            plan = self._depart(tier, copies, idle_since=cutoff)
             if room is not None and isinstance(plan, Demote):
                 needs = self._tiers[plan.target].footprint(copies.nbytes)
                 if free[plan.target] < needs:
@@ -233,20 +234,31 @@ class Scheduler:
             plans.append(plan)
         return plans
 
-    def _depart(self, tier: int, copies: Copies) -> Departure:
+    def still_idle(self, plan: Departure) -> bool:
+        """Whether `plan` may run now as far as idleness goes: an expiry's (`idle_since` set)
+        only while its object has not been read or stored in its tier since the cutoff it was
+        made for. Its executor asks when the plan comes to run, which the byte budget may put
+        off long after `expired` made it: an object read meanwhile is hot again, and demoting
+        it would send its next reads to a slower tier."""
+        if plan.idle_since is None:
+            return True  # the evictor's: the tier needs the room, idle or not
+        return self.policies[departs_from(plan)].idle_since(plan.key, plan.idle_since)
+
+    def _depart(self, tier: int, copies: Copies, *, idle_since: float | None = None
+                ) -> Departure:
         key, generation, nbytes = copies.key, copies.generation, copies.nbytes
         shared = self.shared
         if any(location > tier and location != shared for location in copies.locations):
-            return Evict(key, generation, nbytes, tier)
+            return Evict(key, generation, nbytes, tier, idle_since)
         target = demotion_target(self._tiers, tier, nbytes, self.usable)
         while target is not None and target != shared and not self._admits(target, key):
             target = demotion_target(self._tiers, target, nbytes, self.usable)
         if target is not None and target == shared and shared in copies.locations:
             # the shared tier has it already: leaving the local tiers is all there is to do
-            return Evict(key, generation, nbytes, tier)
+            return Evict(key, generation, nbytes, tier, idle_since)
         if target is None:
-            return Drop(key, generation, nbytes, tier)
-        return Demote(key, generation, nbytes, tier, target)
+            return Drop(key, generation, nbytes, tier, idle_since)
+        return Demote(key, generation, nbytes, tier, target, idle_since)
 
     def _admits(self, tier: int, key: bytes) -> bool:
         if self.scored and (score := self.book.get(key)) is not None and score.orphan:
