@@ -7,11 +7,13 @@ of the key in progress finishes first; an object changed meanwhile needs nothing
 object that cannot be made durable makes `flush` raise (the first such error) once the others
 are done. Objects stored after `flush` was called are not covered. Deletes a persistent tier
 refused are first retried, and those still refused recorded as tombstones (`_tombstones`), so
-the syncs cover them as well.
+the syncs cover them as well. A flush always lets the loop turn at least once, even with
+nothing to do, so that a task flushing in a loop never starves the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tierkv._concurrency import bounded_map
@@ -34,6 +36,11 @@ class Flusher:
 
     async def flush(self) -> None:
         st = self._st
+        # one turn of the loop whatever there is to do: with nothing volatile in a hierarchy
+        # without a persistent tier, or whose tiers' flushes had nothing to write (the pool
+        # without group commit), a flush never suspended, and a task flushing in a loop (a
+        # checkpointer) kept every other task from running
+        await asyncio.sleep(0)
         if not any(tier.persistent for tier in st.tiers):
             return
         failures: list[TierKVError] = []
