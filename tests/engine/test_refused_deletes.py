@@ -223,6 +223,39 @@ asyncio.run(main(json.loads(sys.argv[1])))
 """
 
 
+#: two flushes at once: the first one's record of refused deletes is held up on its way into the
+#: pool (a slow device, under `slow_operation`); the second, asked for after one more refused
+#: delete, records both and returns; then the first's older record lands over it, in both tiers
+_RACE_CHILD = """
+import asyncio, json, sys
+import tierkv
+from tierkv.testing.faults import FaultPlan, open_with_faults
+
+async def main(cfg):
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    for key in ("first", "second", "kept"):
+        await kv.put(key, key.encode() * 1000)
+    await kv.flush()
+    plan.add("pmem", "eio", rate=1.0, ops=["delete"])
+    assert await kv.delete("first")
+    plan.add("pmem", "latency", schedule=[1], ops=["put"], arg=0.5)
+    earlier = asyncio.create_task(kv.flush())
+    for _ in range(1000):  # until its record is on its way into the pool
+        if plan.fired["pmem:latency"]:
+            break
+        await asyncio.sleep(0.01)
+    assert plan.fired["pmem:latency"] == 1
+    assert await kv.delete("second")
+    await kv.flush()
+    await earlier
+    print("FLUSHED", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
 def run_child_until_flushed(cfg: dict[str, Any], script: str = _CHILD) -> None:
     """Run `script` (`_CHILD`) on `cfg` until it says its flush returned, then `kill -9` it."""
     child = subprocess.Popen([sys.executable, "-c", script, json.dumps(cfg)],
@@ -264,6 +297,21 @@ async def test_a_refused_delete_stays_deleted_after_the_log_reclaims_its_record(
     async with tierkv.open(cfg) as reopened:
         assert await reopened.get("k") is None
         assert counters(reopened)["recovered_tombstoned"] == 1
+
+
+async def test_concurrent_flushes_never_leave_an_older_record_of_refused_deletes(
+        tmp_path: Path) -> None:
+    """A flush that starts while another runs waits for it and runs once more: two at once
+    wrote the record of refused deletes side by side, and the earlier one's (without the later
+    refused delete) landed last in both tiers, after the later flush had returned; after a
+    `kill -9` the deleted value came back."""
+    cfg = config(tmp_path, ("pmem", "nvme"))
+    cfg["health"]["slow_operation"] = "10s"  # the slow put of the record is not cut off
+    run_child_until_flushed(cfg, _RACE_CHILD)
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("first") is None
+        assert await reopened.get("second") is None
+        assert await reopened.get("kept") == b"kept" * 1000
 
 
 async def test_a_hung_delete_is_cut_off_and_still_never_comes_back(tmp_path: Path) -> None:

@@ -1,5 +1,9 @@
 """Group commit: concurrent callers that need one tier flushed share one flush.
 
+The same single flight serves the engine's `flush` barrier (`_flush`), which must never run
+twice at once: two side by side wrote the engine's own records, and the earlier one's could
+land last.
+
 Each caller takes a ticket; a flush covers every ticket taken before it started, because the
 writes of those callers were issued before it. A caller whose ticket the running flush does not
 cover waits for that flush to end and then joins (or starts) the next one, which covers it. A

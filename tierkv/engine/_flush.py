@@ -7,16 +7,24 @@ of the key in progress finishes first; an object changed meanwhile needs nothing
 object that cannot be made durable makes `flush` raise (the first such error) once the others
 are done. Objects stored after `flush` was called are not covered. Deletes a persistent tier
 refused are first retried, and those still refused recorded as tombstones (`_tombstones`), so
-the syncs cover them as well. A flush always lets the loop turn at least once, even with
-nothing to do, so that a task flushing in a loop never starves the others.
+the syncs cover them as well.
+
+One flush runs at a time (`GroupCommit`, as the tiers' flushes): a flush asked for while
+another runs waits for it to end, then runs once more, shared by everyone who asked meanwhile.
+Two at once wrote the engine's records (the tombstones) side by side: the earlier flush's
+record, without a delete refused after it began, could land last, after the later flush had
+returned, and a crash then brought the deleted value back. No lock is held across the IO: the
+flush is a task of its own, which a caller that stops waiting leaves running (`close` waits
+for it like any other caller). Waiting for that task is also a turn of the loop, even when
+there is nothing to do, so a task flushing in a loop never starves the others.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from tierkv._concurrency import bounded_map
+from tierkv.engine._commit import GroupCommit
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState
@@ -27,20 +35,25 @@ log = logging.getLogger("tierkv.engine")
 
 
 class Flusher:
-    __slots__ = ("_copies", "_st", "_tombstones")
+    __slots__ = ("_copies", "_one", "_st", "_tombstones")
 
     def __init__(self, state: EngineState, copies: CopyOps, tombstones: Tombstones) -> None:
         self._st = state
         self._copies = copies
         self._tombstones = tombstones
+        #: the single flight: a flush covers every caller that asked before it started
+        self._one = GroupCommit(self._flush)
 
     async def flush(self) -> None:
+        """Return once a flush that started after this call has ended; raise its error. Always
+        suspends (it waits for the flush's task): with nothing volatile in a hierarchy without
+        a persistent tier, or whose tiers had nothing to write and no group commit, a flush
+        used to complete without it, and a task flushing in a loop (a checkpointer) kept every
+        other task from running."""
+        await self._one.sync()
+
+    async def _flush(self) -> None:
         st = self._st
-        # one turn of the loop whatever there is to do: with nothing volatile in a hierarchy
-        # without a persistent tier, or whose tiers' flushes had nothing to write (the pool
-        # without group commit), a flush never suspended, and a task flushing in a loop (a
-        # checkpointer) kept every other task from running
-        await asyncio.sleep(0)
         if not any(tier.persistent for tier in st.tiers):
             return
         failures: list[TierKVError] = []

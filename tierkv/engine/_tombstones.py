@@ -11,7 +11,9 @@ retries each pending delete under the key's gate, then writes what is still pend
 tombstones (`tierkv.formats.tombstones`: every copy of the key up to a generation bound is
 dead) into the persistent tiers that take the record (two where there are two: `_own`), before
 the tiers' syncs: a flush that returns covers the deletes that returned before it, as it covers
-the puts. A flush that can write the record nowhere raises `DeviceError`.
+the puts. Flushes run one at a time (`_flush`), so `settle` is never two at once: the record
+last written is the one the last flush computed. A flush that can write the record nowhere
+raises `DeviceError`.
 
 The bound is taken under the key's gate, so no put of the key is half-way: with no entry
 indexed, every generation numbered so far; with one, the generations below its own (its copies,
