@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,9 +257,11 @@ asyncio.run(main(json.loads(sys.argv[1])))
 """
 
 
-def run_child_until_flushed(cfg: dict[str, Any], script: str = _CHILD) -> None:
-    """Run `script` (`_CHILD`) on `cfg` until it says its flush returned, then `kill -9` it."""
-    child = subprocess.Popen([sys.executable, "-c", script, json.dumps(cfg)],
+def run_child_until_flushed(cfg: dict[str, Any], script: str = _CHILD,
+                            args: Sequence[str] = ()) -> None:
+    """Run `script` (`_CHILD`) on `cfg` (then `args`) until it says its flush returned, then
+    `kill -9` it."""
+    child = subprocess.Popen([sys.executable, "-c", script, json.dumps(cfg), *args],
                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
     try:
         assert child.stdout is not None

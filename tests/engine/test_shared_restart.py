@@ -15,6 +15,7 @@ import pytest
 
 import tierkv
 from tests.engine._configs import gpu_tier, pmem_tier
+from tests.engine.test_refused_deletes import run_child_until_flushed
 from tierkv.testing.redis_server import RedisServer
 from tierkv.testing.stepping import cancel_at
 
@@ -101,6 +102,57 @@ async def test_an_invalidation_the_server_never_took_is_published_after_a_restar
                 assert asyncio.get_running_loop().time() < deadline, "never published"
                 await asyncio.sleep(0.05)
             assert kv.stats()["engine"]["shared_republished"] >= 1
+        assert await other.get(b"K") is None
+
+
+#: an invalidation the frozen server does not take, saved as kept by a flush; a second flush
+#: while the health watch sends it again (the server still frozen), then a `kill -9`
+_REPUBLISH_CHILD = """
+import asyncio, json, os, signal, sys
+import tierkv
+
+async def main(cfg, server):
+    kv = await tierkv.open(cfg)
+    os.kill(server, signal.SIGSTOP)
+    assert await kv.invalidate(b"K") == 0  # not held here: the fleet is told all the same
+    await kv.flush()
+    for _ in range(1000):  # the health watch's next look, within a second or two
+        if kv.stats()["engine"]["shared_republished"]:
+            break
+        await asyncio.sleep(0.01)
+    assert kv.stats()["engine"]["shared_republished"]
+    await kv.flush()  # while that send waits for the server
+    print("FLUSHED", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+async def test_an_invalidation_sent_again_while_a_flush_saves_survives_a_kill_9(
+        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
+    """An invalidation the server did not take stays in the record a flush saves until the
+    server has taken it: taken out while the health watch sent it again, a flush then saved a
+    record without it, and after a `kill -9` it was never published: the fleet kept serving
+    the invalidated value."""
+    server = fresh_redis_server
+    a = engine(tmp_path / "a", server.url, timeout="1s")
+    b = {"tiers": [gpu_tier(), {"name": "shared", "kind": "redis", "url": server.url,
+                                "capacity": "64MiB", "timeout": "1s"}]}
+    async with tierkv.open(b) as other:
+        await other.put(b"K", b"old" * 100)
+        await other.settle()
+        try:
+            await asyncio.to_thread(run_child_until_flushed, a, _REPUBLISH_CHILD,
+                                    [str(server.pid)])
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert await other.get(b"K") == b"old" * 100  # not published yet
+        async with tierkv.open(a):
+            deadline = asyncio.get_running_loop().time() + 10.0
+            while await other.contains(b"K"):
+                assert asyncio.get_running_loop().time() < deadline, "never published"
+                await asyncio.sleep(0.05)
         assert await other.get(b"K") is None
 
 

@@ -60,8 +60,8 @@ Forget = Callable[[bytes], Awaitable[int]]
 
 
 class Shared:
-    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_stopped",
-                 "_unpublished", "index", "tier")
+    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_stamps",
+                 "_stopped", "_unpublished", "index", "tier")
 
     def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
         self._st = state
@@ -73,9 +73,11 @@ class Shared:
         #: the shared tier failed its last call: failures are counted, not logged, until it
         #: answers again
         self._down = False
-        #: keys whose invalidation the server did not take (an ordered set, oldest first),
-        #: published again once it answers (`tick`), and the task doing that
-        self._unpublished: dict[bytes, None] = {}
+        #: keys whose invalidation the server did not take (oldest first), each with the stamp
+        #: of its latest keeping, published again once it answers (`tick`), and the task doing
+        #: that; a key stays here, so in the record a flush saves, until the server took it
+        self._unpublished: dict[bytes, int] = {}
+        self._stamps = itertools.count()
         self._republishing: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -271,22 +273,29 @@ class Shared:
         server does not take (down, slow, its breaker open) is kept and published again once it
         answers (`tick`, every second), for as long as this engine runs; meanwhile it is local
         (logged once, counted)."""
+        if not await self._send(keys):
+            self._keep_unpublished(keys)
+
+    async def _send(self, keys: Sequence[bytes]) -> bool:
+        """Delete `keys` on the server and publish them; whether the server took them (True
+        where there is nothing to tell)."""
         tier, index = self.tier, self.index
         if tier is None or index is None or tier.fleet is None or not keys:
-            return
+            return True
         try:
             guard = self._st.guards[index]
             await guard.settle(tier.delete_many, keys)
             await guard.settle(tier.fleet.publish, keys)
         except DeviceError as exc:
             self._failed("an invalidation (kept, to publish once it answers)", exc)
-            self._keep_unpublished(keys)
+            return False
+        return True
 
     def _keep_unpublished(self, keys: Sequence[bytes]) -> None:
         unpublished = self._unpublished
         for key in keys:
             unpublished.pop(key, None)  # newest last
-            unpublished[key] = None
+            unpublished[key] = next(self._stamps)
         excess = len(unpublished) - MAX_UNPUBLISHED
         if excess > 0:
             for key in list(itertools.islice(unpublished, excess)):
@@ -303,9 +312,21 @@ class Shared:
                 or (self._republishing is not None and not self._republishing.done())
                 or not self._st.scheduler.usable[self.index] or self._st.closing):
             return
-        keys, self._unpublished = list(self._unpublished), {}
-        self._st.counters.shared_republished += len(keys)
-        self._republishing = self._st.spawn(self.publish(keys))
+        kept = dict(self._unpublished)
+        self._st.counters.shared_republished += len(kept)
+        self._republishing = self._st.spawn(self._republish(kept))
+
+    async def _republish(self, kept: dict[bytes, int]) -> None:
+        """Send the kept invalidations again; those the server took are no longer kept. Not
+        before: taken out while the send was in flight, a flush meanwhile saved a record
+        without them, and a crash then lost them (the next open never published them, and the
+        fleet went on serving the invalidated values). One kept again since (a newer
+        invalidation of the key the server did not take either) stays."""
+        if await self._send(list(kept)):
+            unpublished = self._unpublished
+            for key, stamp in kept.items():
+                if unpublished.get(key) == stamp:
+                    del unpublished[key]
 
     async def _remote(self, keys: list[bytes]) -> None:
         assert self._forget is not None
