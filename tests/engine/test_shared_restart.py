@@ -129,22 +129,47 @@ asyncio.run(main(json.loads(sys.argv[1]), int(sys.argv[2])))
 """
 
 
-async def test_an_invalidation_sent_again_while_a_flush_saves_survives_a_kill_9(
-        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
-    """An invalidation the server did not take stays in the record a flush saves until the
-    server has taken it: taken out while the health watch sent it again, a flush then saved a
-    record without it, and after a `kill -9` it was never published: the fleet kept serving
-    the invalidated value."""
-    server = fresh_redis_server
+#: two flushes at once: the first one's save of the fleet cursor is held up on its way into the
+#: pool (a slow device, under `slow_operation`); an invalidation the frozen server does not take,
+#: then the second flush, which saves it as kept; then the first's save, from before it, lands
+_CURSOR_RACE_CHILD = """
+import asyncio, json, os, signal, sys
+from tierkv.testing.faults import FaultPlan, open_with_faults
+
+async def main(cfg, server):
+    plan = FaultPlan()
+    kv = await open_with_faults(cfg, plan)
+    plan.add("pmem", "latency", schedule=[1], ops=["put"], arg=4.0)
+    earlier = asyncio.create_task(kv.flush())
+    for _ in range(1000):  # until its save of the cursor is on its way into the pool
+        if plan.fired["pmem:latency"]:
+            break
+        await asyncio.sleep(0.01)
+    assert plan.fired["pmem:latency"] == 1
+    os.kill(server, signal.SIGSTOP)
+    assert await kv.invalidate(b"K") == 0
+    await kv.flush()
+    await earlier
+    print("FLUSHED", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1]), int(sys.argv[2])))
+"""
+
+
+async def published_after_kill_9(tmp_path: Path, server: RedisServer, child: str) -> None:
+    """`child` (a script run on engine A's config with the server's pid) invalidates K, which
+    another engine holds, while the server is frozen, and is killed -9 once its flushes
+    returned: A's restart must still publish the invalidation, and the other engine drop K."""
     a = engine(tmp_path / "a", server.url, timeout="1s")
+    a["health"] = {"slow_operation": "10s"}  # a slow put of A's records is not cut off
     b = {"tiers": [gpu_tier(), {"name": "shared", "kind": "redis", "url": server.url,
                                 "capacity": "64MiB", "timeout": "1s"}]}
     async with tierkv.open(b) as other:
         await other.put(b"K", b"old" * 100)
         await other.settle()
         try:
-            await asyncio.to_thread(run_child_until_flushed, a, _REPUBLISH_CHILD,
-                                    [str(server.pid)])
+            await asyncio.to_thread(run_child_until_flushed, a, child, [str(server.pid)])
         finally:
             os.kill(server.pid, signal.SIGCONT)
         assert await other.get(b"K") == b"old" * 100  # not published yet
@@ -154,6 +179,24 @@ async def test_an_invalidation_sent_again_while_a_flush_saves_survives_a_kill_9(
                 assert asyncio.get_running_loop().time() < deadline, "never published"
                 await asyncio.sleep(0.05)
         assert await other.get(b"K") is None
+
+
+async def test_an_invalidation_sent_again_while_a_flush_saves_survives_a_kill_9(
+        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
+    """An invalidation the server did not take stays in the record a flush saves until the
+    server has taken it: taken out while the health watch sent it again, a flush then saved a
+    record without it, and after a `kill -9` it was never published: the fleet kept serving
+    the invalidated value."""
+    await published_after_kill_9(tmp_path, fresh_redis_server, _REPUBLISH_CHILD)
+
+
+async def test_concurrent_flushes_never_leave_an_older_fleet_cursor_record(
+        tmp_path: Path, fresh_redis_server: RedisServer) -> None:
+    """The fleet cursor is saved one flush at a time: two at once wrote its records side by
+    side, and the earlier flush's, from before an invalidation the server did not take, landed
+    last and deleted the record of it the later flush had saved; after a `kill -9` it was
+    never published."""
+    await published_after_kill_9(tmp_path, fresh_redis_server, _CURSOR_RACE_CHILD)
 
 
 async def test_an_engine_away_while_the_server_lost_its_log_drops_what_it_recovered(

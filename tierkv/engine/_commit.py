@@ -1,8 +1,8 @@
 """Group commit: concurrent callers that need one tier flushed share one flush.
 
-The same single flight serves the engine's `flush` barrier (`_flush`), which must never run
-twice at once: two side by side wrote the engine's own records, and the earlier one's could
-land last.
+The same single flight serves what must never run twice at once: the engine's `flush` barrier
+(`_flush`) and the save of the fleet cursor (`_shared`), each writing records of the engine's
+own that two side by side could leave older than the later one meant.
 
 Each caller takes a ticket; a flush covers every ticket taken before it started, because the
 writes of those callers were issued before it. A caller whose ticket the running flush does not

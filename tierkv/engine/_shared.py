@@ -27,6 +27,7 @@ import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
+from tierkv.engine._commit import GroupCommit
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._own import keep_own, own_tiers, read_own
 from tierkv.engine._state import EngineState
@@ -60,8 +61,8 @@ Forget = Callable[[bytes], Awaitable[int]]
 
 
 class Shared:
-    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_st", "_stamps",
-                 "_stopped", "_unpublished", "index", "tier")
+    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_saving", "_st",
+                 "_stamps", "_stopped", "_unpublished", "index", "tier")
 
     def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
         self._st = state
@@ -80,6 +81,8 @@ class Shared:
         self._stamps = itertools.count()
         self._republishing: asyncio.Task[None] | None = None
         self._stopped = False
+        #: one save of the fleet cursor at a time (`save_cursor`)
+        self._saving = GroupCommit(self._save_cursor)
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
@@ -126,17 +129,23 @@ class Shared:
     async def save_cursor(self) -> None:
         """Keep this engine's position in the fleet's log in the persistent tiers (two where
         there are two: `_own`), beside the objects it describes (`flush`, `close`): a restart
-        applies what came after it."""
-        st = self._st
-        if self.tier is None or self.tier.fleet is None:
-            return
-        tiers = own_tiers(st)
-        if not tiers:
+        applies what came after it. One save at a time (`GroupCommit`): a save asked for while
+        another runs waits for it, then saves once more. Two side by side (two flushes) wrote
+        the same records at once, and the earlier one's could land last: the invalidations
+        kept unpublished since it began were lost at the next open."""
+        if self.tier is None or self.tier.fleet is None or not own_tiers(self._st):
             return  # nothing persistent: nothing to recover, nothing to describe
+        await self._saving.sync()
+
+    async def _save_cursor(self) -> None:
+        st = self._st
+        fleet = None if self.tier is None else self.tier.fleet
+        tiers = own_tiers(st)
+        if fleet is None or not tiers:
+            return
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
                        if self._unpublished else None)
         try:
-            fleet = self.tier.fleet
             kept = await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(fleet.cursor, fleet.epoch),
                                   tiers)
             await keep_own(st, UNPUBLISHED_KEY, unpublished, kept)  # beside its cursor
