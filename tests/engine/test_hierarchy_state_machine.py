@@ -26,11 +26,10 @@ Properties:
 The model's DAG is the engine's as documented (docs/architecture.md, "Invalidation"): a put
 sets the key's parents, `add_dependency` adds one (written into a stored child's header, in
 memory only for a child not stored), and an object that leaves the cache (deleted, dropped,
-invalidated) drops the edges from its parents. So a write or invalidation of `a` does not reach
-`c` put with parent `b` put with parent `a` once `b` has left (deleted or dropped), although
-README promises that `invalidate` removes what derives from the key "transitively": the model
-follows the engine there, so that promise is not checked here (a known gap, not a property
-this file asserts). A reopen rebuilds the edges from the held objects' headers alone.
+invalidated) drops the edges from its parents once nothing derives from it, walking up
+through parents that hold no object: `a` still reaches `c` put with parent `b` put with parent
+`a` after `b` left. A reopen rebuilds the edges from the held objects' headers alone (then
+`a -> b`, in `b`'s header only, is gone with `b`).
 """
 
 from __future__ import annotations
@@ -181,10 +180,20 @@ class HierarchyMachine(RuleBasedStateMachine):
                 self.descendants(key, self.edges | self.maybe_edges))
 
     def leave(self, key: Key) -> None:
-        """`key` left the cache (or was deleted): the edges from its parents go with it."""
-        self.edges = {(p, c) for p, c in self.edges if c != key}
-        self.maybe_edges = {(p, c) for p, c in self.maybe_edges if c != key}
+        """`key` left the cache (or was deleted): the edges from its parents go with it once
+        nothing derives from it, and so, up the chain, do those of each parent that holds no
+        object and is left without children (what derives from a departed key still derives
+        from its ancestors through it)."""
         self.header.pop(key, None)
+        pending = [key]
+        while pending:
+            node = pending.pop()
+            if any(p == node for p, _ in self.edges | self.maybe_edges):
+                continue
+            parents = {p for p, c in self.edges | self.maybe_edges if c == node}
+            self.edges = {(p, c) for p, c in self.edges if c != node}
+            self.maybe_edges = {(p, c) for p, c in self.maybe_edges if c != node}
+            pending.extend(p for p in parents if p not in self.seen.held)
 
     def cascade(self, certain: set[Key], possible: set[Key], before: Seen, after: Seen) -> None:
         """The step removed what derives from a key: `certain` through edges the engine held,

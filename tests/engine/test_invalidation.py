@@ -211,6 +211,40 @@ async def test_a_put_that_left_no_value_leaves_no_edges_behind(tmp_path: Path) -
         assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (2 * stored, stored)
 
 
+@pytest.mark.parametrize("how", ["deleted", "dropped"])
+async def test_invalidation_reaches_through_an_object_that_left(tmp_path: Path, how: str) -> None:
+    """a → b → c, and b leaves (a delete, or a drop out of the last tier): c still derives from
+    a through b, so a write or an invalidation of a removes it. Once c goes too, the edges that
+    only carried it go with it: nothing is kept for departed keys without children."""
+    cfg = {"tiers": [{"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "1MiB",
+                      "slot_size": "64KiB"}]}
+    async with tierkv.open(cfg) as kv:
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", bytes(40_000), parents=[b"a"])
+        await kv.put(b"c", b"C", parents=[b"b"])
+        if how == "deleted":
+            await kv.delete(b"b")
+        else:
+            # b, the oldest, is dropped out of the only tier by puts that need its room
+            for i in range(40):
+                await kv.put(b"filler%d" % i, bytes(40_000))
+                await kv.get(b"a")
+                await kv.get(b"c")
+                if not await kv.contains(b"b"):
+                    break
+            await kv.settle()
+            assert not await kv.contains(b"b") and await kv.contains(b"c")
+        assert await kv.invalidate(b"a") == 2  # a and c
+        assert await kv.get(b"c") is None
+        await kv.put(b"x", b"X")
+        await kv.put(b"y", b"Y", parents=[b"x"])
+        await kv.put(b"z", b"Z", parents=[b"y"])
+        await kv.delete(b"y")
+        await kv.put(b"x", b"X2")  # a new value: what derived from the old one goes
+        assert await kv.get(b"z") is None
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
+
+
 async def test_add_dependency_links_existing_keys(tmp_path: Path) -> None:
     async with tierkv.open(config(tmp_path)) as kv:
         await kv.put(b"x", b"X")

@@ -13,7 +13,7 @@ was replaced learns that its result is void.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tierkv.engine.dag import Dag
@@ -48,8 +48,11 @@ class Index:
     """Keys → entries, with the policies and the unflushed set kept in step (see the module)."""
 
     def __init__(self, persistent: Sequence[bool], scheduler: Scheduler, dag: Dag,
-                 shared: int | None = None) -> None:
+                 shared: int | None = None, *, in_use: Callable[[bytes], bool] | None = None
+                 ) -> None:
         self._entries: dict[bytes, IndexEntry] = {}
+        #: whether a key has an object or is held by an operation (`Dag.unlink_parents`)
+        self._in_use = self.__contains__ if in_use is None else in_use
         #: published entries no persistent tier holds a copy of: what `flush` must write down
         #: (not those held only by the shared tier: objects adopted from the fleet)
         self._volatile: dict[bytes, IndexEntry] = {}
@@ -102,7 +105,7 @@ class Index:
         edges from its parents go too (its edges to its children stay while they are held)."""
         entry = self._entries.pop(key, None)
         if not replaced:
-            self._dag.unlink_parents(key)
+            self._dag.unlink_parents(key, self._in_use)
         if entry is None:
             return None
         entry.detached = True

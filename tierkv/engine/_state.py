@@ -62,7 +62,7 @@ class EngineState:
             ttls=[idle_ttl(tier) for tier in config.tiers])
         self.dag = Dag()
         self.index = Index([tier.persistent for tier in tiers], self.scheduler, self.dag,
-                           self.scheduler.shared)
+                           self.scheduler.shared, in_use=self.in_use)
         self.counters = EngineCounters()
         #: get and put latency histograms, the miss-storm watch (fed by the engine's gets) and
         #: the spans (None: no tracer installed, nothing traced)
@@ -145,6 +145,11 @@ class EngineState:
         for space in self.spaces:
             if space.waiting:
                 space.cue.set()
+
+    def in_use(self, key: bytes) -> bool:
+        """Whether `key` has an object, or an operation holds it (a put of it may be about to
+        commit, with the parents it just set): the DAG keeps such a key's edges."""
+        return key in self.index or self.keys.busy(key)
 
     def check_open(self) -> None:
         if self.closing:

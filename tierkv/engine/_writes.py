@@ -70,7 +70,7 @@ class Writes:
                     # no value: like a key whose object left the cache, it drops the edges from
                     # the parents this put named (kept, each failed or cancelled put of a key
                     # never written again left its edges in the DAG for the engine's life)
-                    st.dag.unlink_parents(key)
+                    st.dag.unlink_parents(key, st.in_use)
                 raise
         return rewrites
 

@@ -31,7 +31,7 @@ entries sit just past a doubling; 10k blocks measure 59 bytes per edge (tree: 12
 from __future__ import annotations
 
 import tracemalloc
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TypeAlias
 
 from tierkv.errors import DependencyCycleError
@@ -225,13 +225,24 @@ class Dag:
         for child in tuple(_neighbours(self._children, key)):
             self._detach(key, child)
 
-    def unlink_parents(self, key: bytes) -> None:
-        """Drop the edges into `key` only: its object left the cache, so nothing above it has to
-        reach it any more, while the edges to its children stay for as long as they are held
-        (a later write of `key` must still invalidate what was derived from its old value).
-        A key left without edges is forgotten. Costs the key's number of parents."""
-        for parent in tuple(_neighbours(self._parents, key)):
-            self._detach(parent, key)
+    def unlink_parents(self, key: bytes, held: Callable[[bytes], bool]) -> None:
+        """`key`'s object left the cache (`held` says which keys still have one): drop the
+        edges into it once nothing derives from it any more. While it has children it keeps
+        them and its parents both: what derives from it derives from its ancestors through it,
+        and an invalidation of one of them must still reach its children (a chain whose middle
+        block left). Its edges to its children stay for as long as they are held (a later write
+        of `key` must still invalidate what was derived from its old value). A parent that is
+        held by no object and left without children is released in turn, up the chain; a key
+        left without edges is forgotten. Costs the edges it drops."""
+        pending = [key]
+        while pending:
+            node = pending.pop()
+            if node in self._children:
+                continue  # something still derives from it, through it from its parents
+            for parent in tuple(_neighbours(self._parents, node)):
+                self._detach(parent, node)
+                if not held(parent):
+                    pending.append(parent)
 
     def remove_subtree(self, key: bytes) -> list[bytes]:
         """Cut `key` and everything derived from it; return those keys, `key` first.
