@@ -369,3 +369,31 @@ async def test_an_overwrite_waiting_for_room_does_not_hold_up_its_own_settling_d
     async with tierkv.open(config) as reopened:
         for key, value in values.items():
             assert await reopened.get(key) == value
+
+
+@pytest.mark.pmem
+@pytest.mark.parametrize("concurrent", [1, 8])
+async def test_a_put_waiting_for_room_cuts_the_demotions_linger_short(
+        tmp_path: Path, concurrent: int) -> None:
+    """Demotions out of the pool wait up to `demotion_linger` for others to share the log's
+    flush before they drop their source. Here it is an hour, and `space_timeout` 5 s: puts
+    into the full pool wait for exactly that room, so a flush that lingered while they wait
+    (the first settle began before any put waited) failed them with `TierFullError`. Now the
+    evictor hurries it when a put starts waiting, and a settle begun while one waits does not
+    linger: every put completes, and every value reads back byte for byte, across a reopen."""
+    config = {"engine": {"space_timeout": "5s", "demotion_linger": "1h"},
+              **_pool_into_log(tmp_path)}
+    values = {b"k%d" % i: os.urandom(64 * KiB) for i in range(200)}
+    keys = list(values)
+    async with tierkv.open(config) as kv:
+        for start in range(0, len(keys), concurrent):
+            await asyncio.gather(*(kv.put(key, values[key])
+                                   for key in keys[start:start + concurrent]))
+        stats = kv.stats()["engine"]
+        assert stats["demotions"]["nvme"] >= 60  # 12.8 MiB into an 8 MiB pool
+        assert stats["space_timeouts"] == 0
+        for key, value in values.items():
+            assert await kv.get(key) == value
+    async with tierkv.open(config) as reopened:
+        for key, value in values.items():
+            assert await reopened.get(key) == value

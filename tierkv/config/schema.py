@@ -80,6 +80,9 @@ class EngineConfig:
     space_timeout: float = 10.0
     #: concurrent write-through puts share one flush of their persistent tier
     group_commit: bool = True
+    #: seconds a demotion out of a persistent tier waits for others to share its target's flush
+    #: before it drops its source copy; none while a put waits for that room
+    demotion_linger: float = 0.025
 
 
 @dataclass(frozen=True, slots=True)

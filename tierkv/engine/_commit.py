@@ -13,8 +13,9 @@ write-through puts in a loop cost about one flush per round of eight, not eight.
 a task of its own: a caller cancelled while waiting does not cancel it.
 
 A caller that can wait asks with a `linger`: a flush started for it waits up to that long for
-more callers first (a caller without one starts it at once). Demotions out of a persistent tier
-linger: they only wait to drop their source, while back-to-back flushes of the nvme log, which
+more callers first (a caller without one starts it at once, and `hurry` starts it from outside).
+Demotions out of a persistent tier linger while no writer waits for their source's room: they
+only wait to drop their source, while back-to-back flushes of the nvme log, which
 holds its lock across the sync, let through only the few appends that queued during each one —
 a replay's demotions kept the log flushing nine tenths of the time and its pool full.
 """
@@ -65,6 +66,11 @@ class GroupCommit:
             if flush.covered >= ticket:
                 flush.task.result()  # its error is this caller's too
                 return
+
+    def hurry(self) -> None:
+        """Start a lingering flush now: a writer waits for the room its callers free."""
+        if self._running is not None:
+            self._running.hurry.set()
 
     def _start(self, linger: float) -> _Flush:
         flush = _Flush()

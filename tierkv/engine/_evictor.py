@@ -38,6 +38,11 @@ class Evictor:
         while True:
             await space.cue.wait()
             space.cue.clear()
+            if space.waiting:
+                # demotions out of this tier that wait for a lower tier's flush to drop their
+                # copy here must not linger for company: a writer waits for that room
+                for commit in st.commits[self._tier + 1:]:
+                    commit.hurry()
             while not st.closing:
                 need = space.to_free()
                 if need <= 0:

@@ -64,6 +64,8 @@ class MoveExecutor:
         self._settling: set[asyncio.Task[None]] = set()
         #: plans submitted and not yet ended (queued or running)
         self.in_flight = 0
+        #: callers of `drain` waiting now
+        self._draining = 0
 
     def start(self) -> None:
         count = self._st.config.scheduler.migration_concurrency
@@ -84,8 +86,15 @@ class MoveExecutor:
         lane.ready.set()
 
     async def drain(self) -> None:
-        """Wait until every plan submitted so far has ended."""
-        await self._idle.wait()
+        """Wait until every plan submitted so far has ended. Meanwhile no demotion lingers for
+        company in its target's flush (`_linger`): this caller waits for them all."""
+        self._draining += 1
+        try:
+            for commit in self._st.commits:
+                commit.hurry()
+            await self._idle.wait()
+        finally:
+            self._draining -= 1
 
     async def stop(self) -> None:
         """Drain, then end the workers (close)."""
@@ -120,9 +129,20 @@ class MoveExecutor:
     async def _settle(self, settling: Settling, plan: Plan, done: Done | None) -> None:
         outcome = None
         try:
-            outcome = await self._attempt(self._moves.settle(settling), plan)
+            outcome = await self._attempt(
+                self._moves.settle(settling, linger=self._linger(settling)), plan)
         finally:
             self._ended(plan, done, outcome)
+
+    def _linger(self, settling: Settling) -> float:
+        """How long the target's flush may wait for more demotions before it covers this one
+        (`demotion_linger`): the source stays a little longer, and one flush covers many.
+        None while someone waits for the demotion: `drain`, or a writer wanting the room its
+        source frees (the evictor hurries a flush already lingering when one starts to)."""
+        st = self._st
+        if self._draining or st.spaces[settling.plan.source].waiting:
+            return 0.0
+        return st.config.engine.demotion_linger
 
     async def _attempt(self, move: Awaitable[bool | Settling],
                        plan: Plan) -> bool | Settling | None:

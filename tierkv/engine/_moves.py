@@ -32,11 +32,6 @@ from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share, departs_
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-#: seconds the flush a settling demotion asks for may wait for more demotions (`_commit`): the
-#: source is only kept a little longer, while the target's writes go on between flushes
-SETTLE_LINGER = 0.025
-
-
 @dataclass(slots=True, eq=False)
 class Settling:
     """A demotion whose target copy is committed but maybe not yet on media; its source (the
@@ -129,13 +124,14 @@ class Moves:
         self._demoted(plan, placed)
         return True
 
-    async def settle(self, settling: Settling) -> bool:
+    async def settle(self, settling: Settling, *, linger: float) -> bool:
         """Finish a demotion out of a persistent tier: wait until a flush of the target covers
-        its copy, then drop the source, unless the entry changed meanwhile (then whatever
-        changed it dealt with both copies). A failed flush raises and keeps the source."""
+        its copy (one that may wait `linger` seconds for more callers), then drop the source,
+        unless the entry changed meanwhile (then whatever changed it dealt with both copies).
+        A failed flush raises and keeps the source."""
         st = self._st
         entry, plan, placed = settling.entry, settling.plan, settling.placed
-        await st.commits[placed].sync(linger=SETTLE_LINGER)
+        await st.commits[placed].sync(linger=linger)
         if st.keys.busy(plan.key):
             # An operation holds the key (an overwrite, a delete) and may be waiting for the
             # room this departure frees: waiting for the key here held both until the writer's
