@@ -5,13 +5,14 @@ They measure; the figures themselves are recorded in docs/benchmarks.md, not ass
 
 from __future__ import annotations
 
+import gc
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tierkv.bench import engine_core
+from tierkv.bench import engine_core, spill_latency
 from tierkv.config import Config
 from tierkv.config.default import default_config, shm_or
 
@@ -55,3 +56,18 @@ async def test_group_commit_shares_flushes(config: Config) -> None:
     assert result["fio_writes_per_s"]["fdatasync every 1"] > 0
     assert result["fio_writes_per_s"]["fdatasync every 8"] > 0
     assert rows[1].baseline_name == "fdatasync every write"
+
+
+async def test_put_latency_while_spilling_compares_the_linger_with_none(config: Config) -> None:
+    result, rows = await spill_latency.put_latency_while_spilling(config, quick=True, repeats=1)
+    assert result["linger_s"] == config.engine.demotion_linger
+    for runs in result["runs"].values():
+        (run,) = runs
+        assert run["into_log"] > 1000  # 2000 puts of 16 KiB, 9 MiB above the log
+        assert 0 < run["p99_ms"] <= run["max_ms"]
+    assert list(result["runs"]) == ["linger", "no linger", "linger, heap frozen"]
+    assert [row.baseline_name for row in rows] == [
+        "demotion_linger 0", "demotion_linger 0",
+        "longest full garbage collection in the same run", "heap not frozen"]
+    assert all(row.ratio is not None for row in (rows[0], rows[1], rows[3]))
+    assert gc.get_freeze_count() == 0  # the frozen variant hands the heap back

@@ -733,3 +733,14 @@ def test_sq_poll_is_a_duration_or_off(doc: dict[str, Any]) -> None:
     assert sq_poll() is None
     del nvme["sq_poll"]
     assert sq_poll() is None
+
+
+def test_demotion_linger_may_be_zero_but_not_negative(doc: dict[str, Any]) -> None:
+    # 0 means a demotion's flush starts at once; every other duration key must be positive
+    assert load_config(_apply(doc, [("engine.demotion_linger", "0s")])
+                       ).engine.demotion_linger == 0.0
+    assert load_config(_apply(doc, [("engine.demotion_linger", "40ms")])
+                       ).engine.demotion_linger == pytest.approx(0.04)
+    assert load_config(doc).engine.demotion_linger == pytest.approx(0.025)
+    _fails(_apply(doc, [("engine.demotion_linger", "-1ms")]), "engine.demotion_linger")
+    _fails(_apply(doc, [("engine.space_timeout", "0s")]), "engine.space_timeout")

@@ -206,10 +206,11 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
         jobs.append(("l1_tensor_2m", lambda bar: engine_bench.l1_tensor_bandwidth(
             config, rounds=256 if quick else 1024, progress=bar)))
     if args.device == "engine":
-        from tierkv.bench import engine_core
+        from tierkv.bench import engine_core, spill_latency
 
         for case in (engine_core.bandwidth, engine_core.sustained_spill,
-                     engine_core.get_p99_under_migration, engine_core.write_through_group_commit):
+                     engine_core.get_p99_under_migration, engine_core.write_through_group_commit,
+                     spill_latency.put_latency_while_spilling):
             jobs.append((case.__name__, functools.partial(_engine_case, case, config, quick)))
         jobs.append(("workload", lambda bar: _workload(config, args, bar)))
     if args.device == "nvme":

@@ -64,7 +64,7 @@ class Places:
 
 
 @contextlib.contextmanager
-def _scratch(directory: Path, suffix: str) -> Iterator[Path]:
+def scratch(directory: Path, suffix: str) -> Iterator[Path]:
     path = directory / f"tierkv-bench-{uuid.uuid4().hex[:8]}{suffix}"
     try:
         yield path
@@ -134,7 +134,7 @@ async def bandwidth(config: Config, *, quick: bool = False, repeats: int = 3,
         rows += await _bandwidth_case(label, gpu, count, repeats=repeats, targets=(0.7, 0.7),
                                       progress=progress)
     if places.pmem_dir is not None:
-        with _scratch(places.pmem_dir, ".pool") as pool:
+        with scratch(places.pmem_dir, ".pool") as pool:
             pmem = {"tiers": [_pmem(pool, max(count * MiB * 3 // 2, 64 * MiB))]}
             rows += await _bandwidth_case("pmem only", pmem, count, repeats=repeats,
                                           targets=(0.6, 0.6), progress=progress)
@@ -159,7 +159,7 @@ async def sustained_spill(config: Config, *, quick: bool = False, repeats: int =
     demoted = 0
     for repeat in range(repeats):
         progress("spill gpu -> pmem", repeat, repeats)
-        with _scratch(places.pmem_dir, ".pool") as pool:
+        with scratch(places.pmem_dir, ".pool") as pool:
             hierarchy = {"tiers": [_gpu(places.device, l1), _pmem(pool, 1024 * MiB)]}
             async with open(hierarchy) as kv:
                 keys = [b"spill-%d-%d" % (repeat, i) for i in range(count)]
@@ -223,7 +223,7 @@ async def get_p99_under_migration(config: Config, *, quick: bool = False, repeat
     for repeat in range(repeats):
         progress("L1 get p99 under migration", repeat, repeats)
         for case in ("quiet", "migrating"):
-            with _scratch(places.pmem_dir, ".pool") as pool:
+            with scratch(places.pmem_dir, ".pool") as pool:
                 samples, moved = await _p99_run(places.device, pool, migrate=case == "migrating",
                                                 hot=hot, cold=cold, quiet_gets=2000)
             samples.sort()
@@ -252,7 +252,7 @@ async def write_through_group_commit(config: Config, *, quick: bool = False, rep
     for repeat in range(repeats):
         progress("write-through group commit", repeat, repeats)
         for group in (True, False):
-            with _scratch(places.nvme_dir, ".log") as log:
+            with scratch(places.nvme_dir, ".log") as log:
                 nvme = {"name": "nvme", "kind": "nvme", "path": str(log),
                         "capacity": max(count * (size + 8192) * 2, 256 * MiB),
                         "region_size": "16MiB", "format": True}
@@ -287,7 +287,7 @@ def _sync_ceiling(directory: Path, size: int, nbytes: int,
         return best
     rates = dict(best or {})
     for every in (1, TASKS):
-        with _scratch(directory, ".fio") as path:
+        with scratch(directory, ".fio") as path:
             out = subprocess.run(
                 ["fio", "--name=sync-ceiling", f"--filename={path}", "--ioengine=psync",
                  "--direct=1", "--rw=write", f"--bs={size}", f"--size={nbytes}",

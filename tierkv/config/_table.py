@@ -99,7 +99,8 @@ class Table:
             raise self.error(key, f"{shown(size)} is more than 8EiB ({MAX_SIZE} bytes)")
         return size
 
-    def duration(self, key: str, default: float) -> float:
+    def duration(self, key: str, default: float, *, zero: bool = False) -> float:
+        """Seconds; positive, or with `zero` also 0 (a wait that may be none at all)."""
         value = self._raw(key, default)
         if isinstance(value, int | float) and not isinstance(value, bool):
             try:
@@ -115,8 +116,8 @@ class Table:
             raise self.error(key, f"expected a duration such as \"800ms\", got {value!r}")
         if not math.isfinite(seconds):  # "999...9s": more digits than a float holds
             raise self.error(key, f"{shown(value)} is too long")
-        if seconds <= 0:
-            raise self.error(key, "must be positive")
+        if seconds < 0 or (seconds == 0 and not zero):
+            raise self.error(key, "must not be negative" if zero else "must be positive")
         return seconds
 
     def size_or_off(self, key: str, default: int | None = None) -> int | None:

@@ -109,7 +109,7 @@ def _parse(document: Mapping[str, Any], directory: Path | None) -> Config:
         space_timeout=engine_table.duration("space_timeout", engine_defaults.space_timeout),
         group_commit=engine_table.boolean("group_commit", engine_defaults.group_commit),
         demotion_linger=engine_table.duration("demotion_linger",
-                                              engine_defaults.demotion_linger),
+                                              engine_defaults.demotion_linger, zero=True),
     )
     engine_table.finish()
 
