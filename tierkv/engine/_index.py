@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tierkv._untracked import untrack
 from tierkv.engine.dag import Dag
 from tierkv.formats.value import ObjectMeta
 from tierkv.keys import is_block_key
@@ -34,6 +35,11 @@ class IndexEntry:
     moving: bool = False
     published: bool = False
     detached: bool = False
+
+    def __post_init__(self) -> None:
+        # atoms, a meta and a list of ints: no cycle can pass through them (`tierkv._untracked`)
+        untrack(self)
+        untrack(self.locations)
 
     @property
     def generation(self) -> int:

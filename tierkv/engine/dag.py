@@ -34,6 +34,7 @@ import tracemalloc
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TypeAlias
 
+from tierkv._untracked import untrack
 from tierkv.errors import DependencyCycleError
 
 __all__ = ["Dag", "DependencyCycleError", "measure_edge_bytes"]
@@ -71,7 +72,9 @@ def _add(adjacency: _Adjacency, key: bytes, neighbour: bytes) -> None:
     if value is None:
         adjacency[key] = neighbour
     elif isinstance(value, bytes):
-        adjacency[key] = {value, neighbour}
+        pair = {value, neighbour}
+        untrack(pair)  # of keys: no cycle passes through it (`tierkv._untracked`)
+        adjacency[key] = pair
     else:
         value.add(neighbour)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from typing_extensions import Buffer
 
+from tierkv._untracked import untrack
 from tierkv.errors import CorruptObjectError, LimitExceededError
 
 #: what `encode_value` stores: any C-contiguous buffer (stored as its raw bytes) or a tensor
@@ -64,6 +65,9 @@ class ObjectMeta:
     nbytes: int
     generation: int = 0
     parents: tuple[bytes, ...] = ()
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
     def with_generation(self, generation: int) -> ObjectMeta:
         return ObjectMeta(self.kind, self.dtype, self.shape, self.nbytes, generation, self.parents)

@@ -14,6 +14,8 @@ policies to re-rank: cost proportional to the children touched.
 
 from __future__ import annotations
 
+from tierkv._untracked import untrack
+
 
 class _Node:
     __slots__ = ("children", "depth", "held", "parent")
@@ -24,6 +26,7 @@ class _Node:
         self.held = False
         #: made on the first child (most blocks are leaves: a set each cost 200 bytes)
         self.children: set[bytes] | None = None
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
 
 class Lineage:
@@ -52,6 +55,7 @@ class Lineage:
                 above = self._nodes[parent] = _Node()
             if above.children is None:
                 above.children = set()
+                untrack(above.children)  # of keys: no cycle passes through it
             above.children.add(key)
             node.parent, node.depth = parent, above.depth + 1
         node.held = True

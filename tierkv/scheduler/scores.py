@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tierkv._untracked import untrack
+
 #: keys remembered after leaving the cache, per key held (4x: a simulation of the conversation
 #: trace got the whole benefit of unbounded history at 4x and about half of it at 1x)
 GHOSTS_PER_KEY = 4
@@ -38,6 +40,9 @@ class Score:
     #: key touches one object: blocks before it, and whether its parent is in no tier
     depth: int = 0
     orphan: bool = False
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
     def held(self) -> Iterator[int]:
         """The tiers holding a copy, fastest first."""

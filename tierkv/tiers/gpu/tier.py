@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from tierkv._platform import cuda_available, physical_memory
+from tierkv._untracked import untrack
 from tierkv.config import GpuTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
@@ -60,6 +61,9 @@ class _Allocation:
     views: int = 0  # tensors lent out by pins that are still alive somewhere (`_lending`)
     detached: bool = False  # its key was deleted or overwritten while pinned or viewed
     freed: bool = False
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from tierkv._untracked import untrack
 from tierkv.formats.value import ObjectMeta, ValueKind
 
 _Shape = tuple[ValueKind, str, tuple[int, ...], tuple[bytes, ...]]
@@ -310,6 +311,9 @@ class NvmeIndex:
             self._shape_refs[found] += 1
             return found
         weight = self._weigh(*shape[1:])
+        # atoms and an enum member (which keep a tuple tracked): no cycle passes through it,
+        # and a block chain interns one per entry (`tierkv._untracked`)
+        untrack(shape)
         if self._free_shapes:
             new = self._free_shapes.pop()
             self._shapes[new] = shape

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierkv._untracked import untrack
 from tierkv.errors import DeviceError
 from tierkv.formats import pmem_layout
 from tierkv.tiers.pmem._pmdk import (
@@ -71,6 +72,9 @@ class Oid:
 
     pool_uuid_lo: int
     off: int
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
     def as_c(self) -> PMEMoid:
         return PMEMoid(self.pool_uuid_lo, self.off)

@@ -19,6 +19,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierkv._untracked import untrack
 from tierkv.config import PmemTierConfig
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats import pmem_layout as layout
@@ -45,6 +46,9 @@ class PoolObject:
     sequence: int
     readers: int = 0
     doomed: bool = False
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
 
 class _Unusable(Exception):

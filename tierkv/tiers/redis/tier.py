@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from tierkv._deadline import CutOffs
+from tierkv._untracked import untrack
 from tierkv.config import RedisTierConfig, TierKind
 from tierkv.errors import CorruptObjectError, DeviceError, TierFullError
 from tierkv.formats.header import checksum
@@ -67,6 +68,9 @@ class _Held:
     meta: ObjectMeta | None = None
     header_length: int = 0
     header_checksum: int = 0
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
     def written(self, value: bytes) -> tuple[ObjectMeta, memoryview] | None:
         """`value` as the record this engine wrote, or None (not known, or not that record)."""
