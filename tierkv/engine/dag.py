@@ -39,8 +39,6 @@ from tierkv.errors import DependencyCycleError
 
 __all__ = ["Dag", "DependencyCycleError", "measure_edge_bytes"]
 
-__all__ = ["Dag", "DependencyCycleError", "measure_edge_bytes"]
-
 #: key -> its one neighbour (the common case, no container at all) or a set of two or more
 _Adjacency: TypeAlias = dict[bytes, "bytes | set[bytes]"]
 
