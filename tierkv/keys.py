@@ -251,6 +251,8 @@ TOMBSTONES_KEY = bytes((_TAG_ENGINE,)) + b"tombstones"
 UNPUBLISHED_KEY = bytes((_TAG_ENGINE,)) + b"unpublished"
 #: where each persistent tier records the last session of its hierarchy it took part in
 MEMBERSHIP_KEY = bytes((_TAG_ENGINE,)) + b"membership"
+#: where the engine records the edges into keys whose objects left (`formats.departed_edges`)
+DEPARTED_EDGES_KEY = bytes((_TAG_ENGINE,)) + b"departed-edges"
 
 
 #: the keys of the profile probe's objects (`engine._profiles`), written, read and deleted at the

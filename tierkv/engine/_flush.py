@@ -6,8 +6,9 @@ of the key in progress finishes first; an object changed meanwhile needs nothing
 `migration_concurrency` at once, then flushes every persistent tier through its group commit. An
 object that cannot be made durable makes `flush` raise (the first such error) once the others
 are done. Objects stored after `flush` was called are not covered. Deletes a persistent tier
-refused are first retried, and those still refused recorded as tombstones (`_tombstones`), so
-the syncs cover them as well.
+refused are first retried, and those still refused recorded as tombstones (`_tombstones`), and
+the edges into keys whose objects left are recorded (`_departed`), so the syncs cover them as
+well.
 
 One flush runs at a time (`GroupCommit`, as the tiers' flushes): a flush asked for while
 another runs waits for it to end, then runs once more, shared by everyone who asked meanwhile.
@@ -26,6 +27,7 @@ import logging
 from tierkv._concurrency import bounded_map
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._copies import CopyOps
+from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._state import EngineState
 from tierkv.engine._tombstones import Tombstones
@@ -35,12 +37,14 @@ log = logging.getLogger("tierkv.engine")
 
 
 class Flusher:
-    __slots__ = ("_copies", "_one", "_st", "_tombstones")
+    __slots__ = ("_copies", "_departed", "_one", "_st", "_tombstones")
 
-    def __init__(self, state: EngineState, copies: CopyOps, tombstones: Tombstones) -> None:
+    def __init__(self, state: EngineState, copies: CopyOps, tombstones: Tombstones,
+                 departed: DepartedEdges) -> None:
         self._st = state
         self._copies = copies
         self._tombstones = tombstones
+        self._departed = departed
         #: the single flight: a flush covers every caller that asked before it started
         self._one = GroupCommit(self._flush)
 
@@ -58,11 +62,12 @@ class Flusher:
             return
         failures: list[TierKVError] = []
         persisted: list[tuple[IndexEntry, int]] = []
-        try:
-            await self._tombstones.settle()
-        except DeviceError as exc:
-            log.warning("flush: %s", exc)
-            failures.append(exc)
+        for record in (self._tombstones.settle, self._departed.record):
+            try:
+                await record()
+            except DeviceError as exc:
+                log.warning("flush: %s", exc)
+                failures.append(exc)
 
         async def persist(entry: IndexEntry) -> None:
             try:

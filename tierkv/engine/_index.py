@@ -68,6 +68,9 @@ class Index:
         #: the dependency DAG: an object that leaves the cache drops its edges from its parents
         self._dag = dag
         self._generation = 0
+        #: keys that may hold no object and still have edges from parents (`unlink`): what
+        #: `engine._departed` records at each flush, pruned there
+        self.departed: set[bytes] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -111,7 +114,7 @@ class Index:
         edges from its parents go too (its edges to its children stay while they are held)."""
         entry = self._entries.pop(key, None)
         if not replaced:
-            self._dag.unlink_parents(key, self._in_use)
+            self.unlink(key)
         if entry is None:
             return None
         entry.detached = True
@@ -119,6 +122,14 @@ class Index:
         for tier in entry.locations:
             self._scheduler.removed(tier, key)
         return entry
+
+    def unlink(self, key: bytes) -> None:
+        """`key` holds no object (it left, or its put failed): drop its edges from its parents
+        unless something still derives from it (`Dag.unlink_parents`); one that keeps them is
+        noted in `departed`, so that they outlive a restart."""
+        self._dag.unlink_parents(key, self._in_use)
+        if self._dag.has_parents(key):
+            self.departed.add(key)
 
     # -- copies ------------------------------------------------------------------------------
     def add_copy(self, entry: IndexEntry, tier: int, now: float) -> bool:

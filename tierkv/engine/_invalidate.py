@@ -93,7 +93,7 @@ class Invalidations:
                 if await self._writes.delete(child, keep_shared=local):
                     removed += 1
                     st.counters.cascaded += 1
-                st.dag.unlink_parents(child, st.in_use)  # a key never stored: no edges either
+                st.index.unlink(child)  # a key never stored: no edges either
 
     def _new_descendants(self, root: bytes, doomed: set[bytes]) -> list[bytes]:
         """What derives from the doomed keys now, but `root`: each key removed so far was

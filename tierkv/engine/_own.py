@@ -1,7 +1,8 @@
 """Objects the engine keeps for itself in its persistent tiers, beside the cache's.
 
-The fleet cursor, the tombstones of refused deletes and the invalidations the shared tier's
-server has not taken are each one object under an engine key (`keys.is_engine_key`: no public
+The fleet cursor, the tombstones of refused deletes, the edges into keys whose objects left
+(`_departed`) and the invalidations the shared tier's server has not taken are each one object
+under an engine key (`keys.is_engine_key`: no public
 key encodes to one, and the index never lists them). Recovery records where each was found
 (`EngineState.own`: key → tiers); `read_own` reads every copy there is, `keep_own` writes the
 new one and deletes the older ones. Every call goes through the tier's guard, as the cache's own

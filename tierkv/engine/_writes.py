@@ -70,7 +70,7 @@ class Writes:
                     # no value: like a key whose object left the cache, it drops the edges from
                     # the parents this put named (kept, each failed or cancelled put of a key
                     # never written again left its edges in the DAG for the engine's life)
-                    st.dag.unlink_parents(key, st.in_use)
+                    st.index.unlink(key)
                 raise
         return rewrites
 
@@ -152,7 +152,10 @@ class Writes:
                 # flush): the edge is refused instead
                 check_header(key, meta)
             st.dag.link(parent, key)
-            if entry is None or meta is None:
+            if entry is None:
+                st.index.departed.add(key)  # an edge no header holds (`engine._departed`)
+                return
+            if meta is None:
                 return
             try:
                 await self._rewrite(entry, meta)

@@ -144,6 +144,10 @@ class Dag:
         """The keys derived directly from `key` (empty for an unknown key)."""
         return frozenset(_neighbours(self._children, key))
 
+    def has_parents(self, key: bytes) -> bool:
+        """Whether anything is linked as `key`'s parent; O(1)."""
+        return key in self._parents
+
     def has_children(self, key: bytes) -> bool:
         """Whether anything derives from `key` directly (an overwrite's cheap first question)."""
         return key in self._children

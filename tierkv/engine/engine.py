@@ -36,6 +36,7 @@ from tierkv.config import Config, GpuTierConfig
 from tierkv.engine._background import Background
 from tierkv.engine._call import Call as _Call
 from tierkv.engine._copies import CopyOps
+from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
@@ -88,7 +89,8 @@ class Engine(ReadCalls, ObserveCalls):
         self._reads = Reads(st, copies, self._executor, self._shared)
         self._writes = Writes(st, copies)
         self._tombstones = Tombstones(st, copies)
-        self._flusher = Flusher(st, copies, self._tombstones)
+        self._departed = DepartedEdges(st)
+        self._flusher = Flusher(st, copies, self._tombstones, self._departed)
         self._invalidations = Invalidations(st, self._writes, self._shared)
         st.lost_overwrite = self._lost_overwrite
         self._pins = Pins(st, copies)
@@ -114,6 +116,7 @@ class Engine(ReadCalls, ObserveCalls):
         await open_tiers(st)
         try:
             await self._tombstones.recover()
+            await self._departed.recover()
             self._closed = False
             self._executor.start()
             for index, tier in enumerate(self.tiers):
@@ -342,8 +345,10 @@ class Engine(ReadCalls, ObserveCalls):
         persistent copies are rewritten in place, on media when this returns), so the edge
         survives a restart; `LimitExceededError` if that header would exceed the format's
         bounds (`MAX_PARENTS` parents, a `MAX_BODY` body: `tierkv.formats.header`). Both are
-        raised before anything changes. An edge to a `child` not stored lives in memory, and
-        a later `put(child, parents=...)` sets the child's parents anew."""
+        raised before anything changes. An edge to a `child` not stored lives in memory and in
+        the record the next flush writes (it comes back after a restart where something
+        derives from `child`), and a later `put(child, parents=...)` sets the child's parents
+        anew."""
         async with self._call():
             raw_parent, raw_child = encode_key(parent), encode_key(child)
             await self._writes.relink(raw_child, raw_parent)

@@ -1,0 +1,143 @@
+"""Invalidation through a key whose object left, across a restart (`engine._departed`).
+
+In a → b → c the edge a → b lives in b's header only; b deleted or dropped while c stays, the
+engine keeps the edge in memory, and each flush (a close flushes) records it. After a clean
+restart or a `kill -9` that came after a flush, a new value or an invalidation of a still
+removes c: no stale derived value is served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tierkv
+from tests.engine._configs import hierarchy_config
+from tests.engine.test_invalidation import killed_after
+
+pytestmark = pytest.mark.pmem
+
+ALL = ("gpu", "pmem", "nvme")
+
+
+def _config(tmp_path: Path, kinds: tuple[str, ...] = ALL, policy: str = "write_back"
+            ) -> dict[str, Any]:
+    return hierarchy_config(tmp_path, kinds, write_policy=policy)
+
+
+async def _chain_with_its_middle_gone(kv: tierkv.Engine) -> None:
+    """a → b → c → d and x → b (two parents), then b deleted: c and d derive from a and x
+    through b."""
+    await kv.put(b"a", b"A")
+    await kv.put(b"x", b"X")
+    await kv.put(b"b", b"B", parents=[b"a", b"x"])
+    await kv.put(b"c", b"C", parents=[b"b"])
+    await kv.put(b"d", b"D", parents=[b"c"])
+    await kv.delete(b"b")
+
+
+@pytest.mark.parametrize("kinds", [ALL, ("pmem",), ("nvme",)], ids="-".join)
+@pytest.mark.parametrize("how", ["invalidate", "overwrite"])
+async def test_a_restart_keeps_the_edges_through_a_key_that_left(
+        tmp_path: Path, kinds: tuple[str, ...], how: str) -> None:
+    cfg = _config(tmp_path, kinds)
+    async with tierkv.open(cfg) as kv:
+        await _chain_with_its_middle_gone(kv)
+    async with tierkv.open(cfg) as kv:
+        assert [await kv.get(key) for key in (b"c", b"d")] == [b"C", b"D"]
+        if how == "invalidate":
+            assert await kv.invalidate(b"a") == 3  # a, c, d
+        else:
+            await kv.put(b"a", b"A2")  # a new value: what derived from the old one goes
+        assert [await kv.get(key) for key in (b"c", b"d")] == [None, None]
+        assert await kv.get(b"x") == b"X"
+    async with tierkv.open(cfg) as kv:  # and the removal holds across the next restart
+        assert [await kv.get(key) for key in (b"c", b"d")] == [None, None]
+        # nothing derives from b any more: its edges are forgotten, and so is the record
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
+
+
+async def test_the_second_parent_reaches_through_too(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, ("pmem",))
+    async with tierkv.open(cfg) as kv:
+        await _chain_with_its_middle_gone(kv)
+    async with tierkv.open(cfg) as kv:
+        assert await kv.invalidate(b"x") == 3  # x, c, d
+        assert await kv.get(b"a") == b"A"
+
+
+async def test_edges_of_a_key_nothing_derives_from_any_more_are_forgotten(
+        tmp_path: Path) -> None:
+    cfg = _config(tmp_path, ("pmem",))
+    async with tierkv.open(cfg) as kv:
+        await _chain_with_its_middle_gone(kv)
+        await kv.flush()  # the record names b
+        await kv.delete(b"c")
+        await kv.delete(b"d")  # b's edges go with its last descendant
+    async with tierkv.open(cfg) as kv:
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
+        await kv.put(b"c", b"C again", parents=[b"b"])
+        await kv.put(b"a", b"A2")
+        assert await kv.get(b"c") == b"C again"  # not derived from a: no stale edge came back
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import tierkv
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", b"B" * 3000, parents=[b"a"])
+        await kv.put(b"c", b"C" * 3000, parents=[b"b"])
+        await kv.delete(b"b")
+        await kv.flush()
+        print("FLUSHED", flush=True)
+        time.sleep(300)  # killed here, never closed
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kinds", [ALL, ("gpu", "nvme")], ids="-".join)
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_the_edges_a_flush_recorded_survive_kill_9(
+        tmp_path: Path, policy: str, kinds: tuple[str, ...]) -> None:
+    cfg = _config(tmp_path, kinds, policy)
+    assert killed_after(_KILLED_WRITER, cfg, 1) == [["FLUSHED"]]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.get(b"b") is None
+            assert await kv.get(b"c") == b"C" * 3000
+            assert await kv.invalidate(b"a") == 2  # a and c
+            assert await kv.get(b"c") is None
+
+    asyncio.run(reopen())
+
+
+async def test_a_key_dropped_for_room_keeps_its_edges_across_a_restart(tmp_path: Path) -> None:
+    """b, the oldest and never read, is dropped out of the only tier by puts that need its
+    room, while a and c are read and stay."""
+    cfg = _config(tmp_path, ("pmem",))
+    async with tierkv.open(cfg) as kv:
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", bytes(1 << 20), parents=[b"a"])
+        await kv.put(b"c", b"C", parents=[b"b"])
+        for i in range(64):
+            await kv.put(b"filler%d" % i, bytes(512 << 10))
+            await kv.get(b"a")
+            await kv.get(b"c")
+            if not await kv.contains(b"b"):
+                break
+        await kv.settle()
+        assert not await kv.contains(b"b") and await kv.get(b"c") == b"C"
+    async with tierkv.open(cfg) as kv:
+        assert await kv.invalidate(b"a") == 2  # a and c
+        assert await kv.get(b"c") is None

@@ -1,0 +1,95 @@
+"""Edges into keys that hold no object, kept across a restart.
+
+In a → b → c, the edge a → b is written in b's header only. When b's object leaves the cache
+(evicted from the last tier, deleted) while c is still held, the DAG keeps a → b in memory so
+that a write or invalidation of a still reaches c (`Dag.unlink_parents`); a restart lost it, and
+then a new value of a left c readable: stale derived data. So every flush records, as one of the
+engine's own objects (`_own`, `formats.departed_edges`), the parents of every key that has
+edges from parents and holds no object (`Index.departed`: keys that left with children, or got
+an edge by `add_dependency` before they were stored). At open, once the recovered headers have
+rebuilt the DAG, the recorded edges of each key that something recovered still derives from —
+directly or through other recorded keys — are linked again; the rest are forgotten.
+
+What a flush records is what the DAG held when it began, and it is on media when the flush
+returns (its persistent tiers are synced after). A key that leaves after that flush keeps its
+parents' edges across a restart only once another flush (or the close, which flushes) has
+recorded them: a `kill -9` in between loses them as before.
+"""
+
+from __future__ import annotations
+
+from tierkv.engine._own import keep_own, own_tiers, read_own
+from tierkv.engine._state import EngineState, log
+from tierkv.engine.dag import DependencyCycleError
+from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.formats.departed_edges import decode_departed_edges, encode_departed_edges
+from tierkv.keys import DEPARTED_EDGES_KEY
+
+Edges = dict[bytes, tuple[bytes, ...]]
+
+
+class DepartedEdges:
+    __slots__ = ("_recorded", "_st")
+
+    def __init__(self, state: EngineState) -> None:
+        self._st = state
+        #: what the newest record on media holds
+        self._recorded: Edges = {}
+
+    def current(self) -> Edges:
+        """The edges into keys that hold no object now; prunes `Index.departed` to them."""
+        st = self._st
+        index, dag = st.index, st.dag
+        edges = {key: tuple(sorted(dag.parents(key))) for key in index.departed
+                 if key not in index and dag.has_parents(key)}
+        index.departed.intersection_update(edges)
+        return edges
+
+    async def record(self) -> None:
+        """Write the record if the edges changed since the last one (a flush calls this)."""
+        st = self._st
+        edges = self.current()
+        if edges == self._recorded:
+            return
+        try:
+            await keep_own(st, DEPARTED_EDGES_KEY, encode_departed_edges(edges) if edges else None,
+                           own_tiers(st) if edges else ())
+        except TierKVError as exc:
+            raise DeviceError(
+                f"the edges into {len(edges)} keys whose objects left could not be recorded "
+                "in any persistent tier: after a restart, invalidating their parents may not "
+                "reach what derives from them") from exc
+        self._recorded = edges
+
+    async def recover(self) -> None:
+        """At open, after the tiers' objects are indexed: link the recorded edges again where
+        something still derives from the key."""
+        st = self._st
+        found: dict[bytes, set[bytes]] = {}
+        for _meta, payload in await read_own(st, DEPARTED_EDGES_KEY):
+            try:
+                edges = decode_departed_edges(payload)
+            except CorruptObjectError as exc:
+                log.warning("the record of edges into departed keys is unreadable (%s): "
+                            "invalidations may not reach through keys that left", exc)
+                continue
+            for key, listed in edges.items():  # two copies of differing age: both hold
+                found.setdefault(key, set()).update(listed)
+        self._recorded = {key: tuple(sorted(parents)) for key, parents in found.items()}
+        # a recorded key whose own children are recorded keys gains them as they are linked:
+        # repeat until a pass links nothing
+        linking = True
+        while linking:
+            linking = False
+            for key in [key for key in found if key in st.index or st.dag.has_children(key)]:
+                recorded = found.pop(key)
+                if key in st.index:
+                    continue  # stored again: its header names its parents
+                for parent in sorted(recorded):
+                    try:
+                        st.dag.link(parent, key)
+                    except DependencyCycleError as exc:
+                        st.counters.dag_edges_refused += 1
+                        log.warning("recovery: %s; that departed edge is not restored", exc)
+                st.index.departed.add(key)
+                linking = True
