@@ -28,8 +28,10 @@ sets the key's parents, `add_dependency` adds one (written into a stored child's
 memory only for a child not stored), and an object that leaves the cache (deleted, dropped,
 invalidated) drops the edges from its parents once nothing derives from it, walking up
 through parents that hold no object: `a` still reaches `c` put with parent `b` put with parent
-`a` after `b` left. A reopen rebuilds the edges from the held objects' headers alone (then
-`a -> b`, in `b`'s header only, is gone with `b`).
+`a` after `b` left. A reopen rebuilds the edges from the held objects' headers, and links
+again the edges into keys that held no object at the close (its flush records them:
+`engine._departed`) wherever a held object still derives from that key, directly or through
+other such keys; an edge into a key dropped by the close itself may or may not come back.
 """
 
 from __future__ import annotations
@@ -217,6 +219,20 @@ class HierarchyMachine(RuleBasedStateMachine):
                 self.edges -= into
                 self.maybe_edges |= into
 
+    @staticmethod
+    def restored(edges: set[tuple[Key, Key]], recorded: set[tuple[Key, Key]]
+                 ) -> set[tuple[Key, Key]]:
+        """`edges`, and each `recorded` edge whose child is a parent in the result (linked
+        again at open only where something derives from the key), repeated until none is
+        added."""
+        result = set(edges)
+        while True:
+            parents = {p for p, _ in result}
+            more = {edge for edge in recorded - result if edge[1] in parents}
+            if not more:
+                return result
+            result |= more
+
     def cycle(self, parents: Iterable[Key], child: Key) -> tuple[bool, bool]:
         """Whether linking `parents` -> `child` closes a cycle for certain, and whether it may."""
         named = set(parents)
@@ -347,9 +363,15 @@ class HierarchyMachine(RuleBasedStateMachine):
         assert not back, f"came back after a reopen: {sorted(map(repr, back))}"
         for key in lost:
             self.header.pop(key, None)
-        # what a reopen knows of the DAG: the parents the held objects' headers name
-        self.edges = {(p, key) for key in after.held for p in self.header[key]}
-        self.maybe_edges = set()
+        # what a reopen knows of the DAG: the parents the held objects' headers name, and the
+        # recorded edges into keys that held no object, where something held derives from them
+        from_headers = {(p, key) for key in after.held for p in self.header[key]}
+        departed = {(p, c) for p, c in self.edges if c not in before.held}
+        # into a key the close dropped: recorded or not, as the drop came before its flush or
+        # after; and a maybe edge may be there to record
+        unsure = {(p, c) for p, c in self.edges | self.maybe_edges if c not in after.held}
+        self.edges = self.restored(from_headers, departed)
+        self.maybe_edges = self.restored(from_headers, departed | unsure) - self.edges
         keys = sorted(ALL, key=repr)
         got = self.run(self.kv.get_many(keys))
         _, end = self.step_end()
