@@ -7,14 +7,16 @@ value or anything derives from it (an old value that left keeps its children's e
 everything derived from it; `invalidate` removes the key and its descendants and
 returns how many stored objects went; an object that leaves drops the edges from its parents;
 `add_dependency` to a stored child writes the edge into the child's header (it survives a
-reopen), to a key not stored it lives in memory only, so a reopen rebuilds the edges from the
-stored objects' headers alone. A put or link that would close a cycle is refused and changes
-nothing.
+reopen); to a key not stored it lives in memory and in the record the close's flush writes, so
+a reopen rebuilds the edges from the stored objects' headers and links the recorded ones again
+where a stored object derives from their child, directly or through other recorded keys
+(`engine._departed`). A put or link that would close a cycle is refused and changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -118,8 +120,13 @@ class DagMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.run(self.kv.close())
         self.kv = self.run(tierkv.open(self.config))
-        # what comes back: the stored objects, and the edges their headers name
-        self.edges = {(p, key) for key, parents in self.durable.items() for p in parents}
+        # what comes back: the stored objects, the edges their headers name, and the recorded
+        # edges into keys not stored where something stored derives from them
+        edges = {(p, key) for key, parents in self.durable.items() for p in parents}
+        recorded = {(p, c) for p, c in self.edges if c not in self.values}
+        while more := {edge for edge in recorded - edges if edge[1] in {p for p, _ in edges}}:
+            edges |= more
+        self.edges = edges
 
     @invariant()
     def every_value_as_the_model_says(self) -> None:
@@ -136,5 +143,6 @@ class DagMachine(RuleBasedStateMachine):
 
 TestDagMachine = DagMachine.TestCase
 TestDagMachine.settings = settings(
-    max_examples=25, stateful_step_count=25, deadline=None,
+    max_examples=int(os.environ.get("DAG_SM_EXAMPLES", "25")), stateful_step_count=25,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
