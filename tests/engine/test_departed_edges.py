@@ -9,6 +9,7 @@ removes c: no stale derived value is served.
 from __future__ import annotations
 
 import asyncio
+import logging
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 import tierkv
 from tests.engine._configs import hierarchy_config
 from tests.engine.test_invalidation import killed_after
+from tierkv.testing.faults import FaultPlan, open_with_faults
 
 pytestmark = pytest.mark.pmem
 
@@ -141,3 +143,24 @@ async def test_a_key_dropped_for_room_keeps_its_edges_across_a_restart(tmp_path:
     async with tierkv.open(cfg) as kv:
         assert await kv.invalidate(b"a") == 2  # a and c
         assert await kv.get(b"c") is None
+
+
+async def test_a_record_no_tier_takes_fails_no_flush_and_the_next_flush_writes_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)  # the injected faults are logged as warnings
+    cfg = _config(tmp_path, ("pmem",))
+    plan = FaultPlan.parse("pmem:enospc=1;ops=put", seed=1)
+    plan.enabled = False
+    kv = await open_with_faults(cfg, plan)
+    try:
+        await _chain_with_its_middle_gone(kv)
+        plan.enabled = True  # the pool refuses every write: the record's too
+        await kv.flush()  # every object is durable: the flush does not fail for the record
+        plan.enabled = False
+        assert kv.stats()["engine"]["departed_edges_unrecorded"] == 1
+        await kv.flush()  # written now
+    finally:
+        plan.enabled = False
+        await kv.close()
+    async with tierkv.open(cfg) as kv:
+        assert await kv.invalidate(b"a") == 3  # a, c, d

@@ -21,7 +21,7 @@ from __future__ import annotations
 from tierkv.engine._own import keep_own, own_tiers, read_own
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
-from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.errors import CorruptObjectError, TierKVError
 from tierkv.formats.departed_edges import decode_departed_edges, encode_departed_edges
 from tierkv.keys import DEPARTED_EDGES_KEY
 
@@ -46,7 +46,9 @@ class DepartedEdges:
         return edges
 
     async def record(self) -> None:
-        """Write the record if the edges changed since the last one (a flush calls this)."""
+        """Write the record if the edges changed since the last one (a flush calls this). One
+        that no tier takes (full, failing) is logged and counted, and the next flush tries
+        again: the flush itself, which made every object durable, does not fail for it."""
         st = self._st
         edges = self.current()
         if edges == self._recorded:
@@ -55,10 +57,11 @@ class DepartedEdges:
             await keep_own(st, DEPARTED_EDGES_KEY, encode_departed_edges(edges) if edges else None,
                            own_tiers(st) if edges else ())
         except TierKVError as exc:
-            raise DeviceError(
-                f"the edges into {len(edges)} keys whose objects left could not be recorded "
-                "in any persistent tier: after a restart, invalidating their parents may not "
-                "reach what derives from them") from exc
+            st.counters.departed_edges_unrecorded += 1
+            log.warning("flush: the edges into %d keys whose objects left could not be "
+                        "recorded (%s): after a restart, a write or invalidation of their "
+                        "parents may not reach what derives from them", len(edges), exc)
+            return
         self._recorded = edges
 
     async def recover(self) -> None:

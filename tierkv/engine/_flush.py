@@ -62,12 +62,12 @@ class Flusher:
             return
         failures: list[TierKVError] = []
         persisted: list[tuple[IndexEntry, int]] = []
-        for record in (self._tombstones.settle, self._departed.record):
-            try:
-                await record()
-            except DeviceError as exc:
-                log.warning("flush: %s", exc)
-                failures.append(exc)
+        try:
+            await self._tombstones.settle()
+        except DeviceError as exc:
+            log.warning("flush: %s", exc)
+            failures.append(exc)
+        await self._departed.record()
 
         async def persist(entry: IndexEntry) -> None:
             try:

@@ -32,6 +32,8 @@ class EngineCounters:
     dag_edges_refused: int = 0
     #: `add_dependency` edges whose child's header could not be rewritten (memory only)
     dag_edges_unpersisted: int = 0
+    #: flushes that could not record the edges into keys whose objects left (`_departed`)
+    departed_edges_unrecorded: int = 0
     #: at open: intact objects each persistent tier recovered (its own stats count what it
     #: dropped as corrupt and the tombstones it applied), older copies of a key deleted, and
     #: the seconds opening and indexing took
