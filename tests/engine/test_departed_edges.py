@@ -9,8 +9,10 @@ removes c: no stale derived value is served.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import textwrap
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +166,34 @@ async def test_a_record_no_tier_takes_fails_no_flush_and_the_next_flush_writes_i
         await kv.close()
     async with tierkv.open(cfg) as kv:
         assert await kv.invalidate(b"a") == 3  # a, c, d
+
+
+async def test_an_engine_that_never_flushes_forgets_keys_whose_edges_went(
+        tmp_path: Path) -> None:
+    """Each round leaves 2,000 keys with children (b deleted under c), then removes the children
+    (c deleted, and b's edges with it), with no flush between: what the engine keeps to record
+    at the next flush does not grow with the rounds."""
+    cfg = {"tiers": [{"name": "l1", "kind": "gpu", "device": "cpu", "capacity": "4MiB",
+                      "slot_size": "1KiB"}]}
+    async with tierkv.open(cfg) as kv:
+        held: list[int] = []
+        tracemalloc.start()
+        try:
+            for round_ in range(4):
+                keys = [b"r%d-%d-" % (round_, i) for i in range(2000)]
+                for key in keys:
+                    await kv.put(key + b"a", b"A")
+                    await kv.put(key + b"b", b"B", parents=[key + b"a"])
+                    await kv.put(key + b"c", b"C", parents=[key + b"b"])
+                    await kv.delete(key + b"b")
+                for key in keys:
+                    await kv.delete(key + b"c")
+                    await kv.delete(key + b"a")
+                del keys
+                gc.collect()
+                held.append(tracemalloc.get_traced_memory()[0])
+        finally:
+            tracemalloc.stop()
+        assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
+    # a key kept per departure would add ~2,000 keys (~100 bytes each) a round
+    assert held[3] < held[1] + 100_000, held

@@ -4,9 +4,9 @@ In a → b → c, the edge a → b is written in b's header only. When b's objec
 (evicted from the last tier, deleted) while c is still held, the DAG keeps a → b in memory so
 that a write or invalidation of a still reaches c (`Dag.unlink_parents`); a restart lost it, and
 then a new value of a left c readable: stale derived data. So every flush records, as one of the
-engine's own objects (`_own`, `formats.departed_edges`), the parents of every key that has
-edges from parents and holds no object (`Index.departed`: keys that left with children, or got
-an edge by `add_dependency` before they were stored). At open, once the recovered headers have
+engine's own objects (`_own`, `formats.departed_edges`), the parents of every key that has edges
+from parents and holds no object (`Index.departed_keys`: keys that left with children, or got an
+edge by `add_dependency` before they were stored). At open, once the recovered headers have
 rebuilt the DAG, the recorded edges of each key that something recovered still derives from —
 directly or through other recorded keys — are linked again; the rest are forgotten.
 
@@ -37,13 +37,9 @@ class DepartedEdges:
         self._recorded: Edges = {}
 
     def current(self) -> Edges:
-        """The edges into keys that hold no object now; prunes `Index.departed` to them."""
-        st = self._st
-        index, dag = st.index, st.dag
-        edges = {key: tuple(sorted(dag.parents(key))) for key in index.departed
-                 if key not in index and dag.has_parents(key)}
-        index.departed.intersection_update(edges)
-        return edges
+        """The edges into keys that hold no object now."""
+        dag = self._st.dag
+        return {key: tuple(sorted(dag.parents(key))) for key in self._st.index.departed_keys()}
 
     async def record(self) -> None:
         """Write the record if the edges changed since the last one (a flush calls this). One
@@ -94,5 +90,5 @@ class DepartedEdges:
                     except DependencyCycleError as exc:
                         st.counters.dag_edges_refused += 1
                         log.warning("recovery: %s; that departed edge is not restored", exc)
-                st.index.departed.add(key)
+                st.index.note_departed(key)
                 linking = True

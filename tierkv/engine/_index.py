@@ -22,6 +22,10 @@ from tierkv.formats.value import ObjectMeta
 from tierkv.keys import is_block_key
 from tierkv.scheduler import Scheduler
 
+#: `Index.note_departed` prunes its set of departed keys beyond this size (or twice what was
+#: left at the last pruning)
+_DEPARTED_MIN = 1024
+
 
 @dataclass(slots=True, eq=False)
 class IndexEntry:
@@ -69,8 +73,11 @@ class Index:
         self._dag = dag
         self._generation = 0
         #: keys that may hold no object and still have edges from parents (`unlink`): what
-        #: `engine._departed` records at each flush, pruned there
-        self.departed: set[bytes] = set()
+        #: `engine._departed` records at each flush (`departed_keys`)
+        self._departed: set[bytes] = set()
+        #: its size that makes `unlink` prune it: an engine that never flushes must not keep
+        #: every key that ever left with children
+        self._departed_bound = _DEPARTED_MIN
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -129,7 +136,23 @@ class Index:
         noted in `departed`, so that they outlive a restart."""
         self._dag.unlink_parents(key, self._in_use)
         if self._dag.has_parents(key):
-            self.departed.add(key)
+            self.note_departed(key)
+
+    def note_departed(self, key: bytes) -> None:
+        """`key` may hold no object and have edges from parents (`departed_keys`)."""
+        self._departed.add(key)
+        if len(self._departed) > self._departed_bound:
+            self.departed_keys()  # amortised: the bound doubles what is left
+
+    def departed_keys(self) -> set[bytes]:
+        """The keys that hold no object and have edges from parents now (those that left
+        with children, edges `add_dependency` made to keys not stored); the ones noted that
+        no longer do are forgotten."""
+        dag = self._dag
+        self._departed = {key for key in self._departed
+                          if key not in self._entries and dag.has_parents(key)}
+        self._departed_bound = max(_DEPARTED_MIN, 2 * len(self._departed))
+        return set(self._departed)
 
     # -- copies ------------------------------------------------------------------------------
     def add_copy(self, entry: IndexEntry, tier: int, now: float) -> bool:

@@ -153,7 +153,7 @@ class Writes:
                 check_header(key, meta)
             st.dag.link(parent, key)
             if entry is None:
-                st.index.departed.add(key)  # an edge no header holds (`engine._departed`)
+                st.index.note_departed(key)  # an edge no header holds (`engine._departed`)
                 return
             if meta is None:
                 return
