@@ -18,10 +18,10 @@ recorded them: a `kill -9` in between loses them as before.
 
 from __future__ import annotations
 
-from tierkv.engine._own import keep_own, own_tiers, read_own
+from tierkv.engine._own import keep_own, own_tiers, read_records
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
-from tierkv.errors import CorruptObjectError, TierKVError
+from tierkv.errors import TierKVError
 from tierkv.formats.departed_edges import decode_departed_edges, encode_departed_edges
 from tierkv.keys import DEPARTED_EDGES_KEY
 
@@ -65,13 +65,10 @@ class DepartedEdges:
         something still derives from the key."""
         st = self._st
         found: dict[bytes, set[bytes]] = {}
-        for _meta, payload in await read_own(st, DEPARTED_EDGES_KEY):
-            try:
-                edges = decode_departed_edges(payload)
-            except CorruptObjectError as exc:
-                log.warning("the record of edges into departed keys is unreadable (%s): "
-                            "invalidations may not reach through keys that left", exc)
-                continue
+        for edges in await read_records(
+                st, DEPARTED_EDGES_KEY, decode_departed_edges,
+                "the record of edges into departed keys is unreadable (invalidations may not "
+                "reach through keys that left)"):
             for key, listed in edges.items():  # two copies of differing age: both hold
                 found.setdefault(key, set()).update(listed)
         self._recorded = {key: tuple(sorted(parents)) for key, parents in found.items()}

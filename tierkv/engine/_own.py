@@ -16,11 +16,14 @@ was dropped at open and the objects deleted while a device refused them came bac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from tierkv.engine._state import EngineState, log
-from tierkv.errors import DeviceError, TierKVError
+from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
 from tierkv.formats.value import ObjectMeta, encode_value, payload_view
+
+T = TypeVar("T")
 
 
 async def read_own(state: EngineState, key: bytes) -> list[tuple[ObjectMeta, memoryview]]:
@@ -37,6 +40,19 @@ async def read_own(state: EngineState, key: bytes) -> list[tuple[ObjectMeta, mem
         if got is not None:
             found.append((got[0], payload_view(got[1])))
     return found
+
+
+async def read_records(state: EngineState, key: bytes, decode: Callable[[memoryview], T],
+                       unreadable: str) -> list[T]:
+    """Every copy of the engine's record `key` that `decode` reads; a copy it refuses as
+    corrupt is skipped with a warning: `unreadable`, then the reason."""
+    records: list[T] = []
+    for _meta, payload in await read_own(state, key):
+        try:
+            records.append(decode(payload))
+        except CorruptObjectError as exc:
+            log.warning("%s: %s", unreadable, exc)
+    return records
 
 
 #: persistent tiers that keep a copy of each of the engine's records, where there are that many

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._executor import MoveExecutor
-from tierkv.engine._own import keep_own, own_tiers, read_own
+from tierkv.engine._own import keep_own, own_tiers, read_own, read_records
 from tierkv.engine._state import EngineState
 from tierkv.errors import (
-    CorruptObjectError,
     DependencyCycleError,
     DeviceError,
     TierKVError,
@@ -157,13 +156,10 @@ class Shared:
     async def _load_unpublished(self) -> None:
         """At open: the invalidations an earlier run kept unpublished (`save_cursor`), to be
         published once the server answers (`tick`)."""
-        for _meta, payload in await read_own(self._st, UNPUBLISHED_KEY):
-            try:
-                keys = decode_tombstones(payload, UNPUBLISHED_MAGIC)
-            except CorruptObjectError as exc:
-                log.warning("the invalidations kept unpublished at the last close are "
-                            "unreadable: %s", exc)
-                continue
+        for keys in await read_records(
+                self._st, UNPUBLISHED_KEY,
+                lambda payload: decode_tombstones(payload, UNPUBLISHED_MAGIC),
+                "the invalidations kept unpublished at the last close are unreadable"):
             self._keep_unpublished(list(keys))
 
     async def stop(self) -> None:

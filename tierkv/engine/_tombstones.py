@@ -29,9 +29,9 @@ import asyncio
 import logging
 
 from tierkv.engine._copies import CopyOps
-from tierkv.engine._own import keep_own, own_tiers, read_own
+from tierkv.engine._own import keep_own, own_tiers, read_records
 from tierkv.engine._state import EngineState
-from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.errors import DeviceError, TierKVError
 from tierkv.formats.tombstones import decode_tombstones, encode_tombstones
 from tierkv.keys import TOMBSTONES_KEY
 
@@ -140,13 +140,10 @@ class Tombstones:
         """At open: apply the tombstones recorded by earlier runs to what the tiers recovered."""
         st = self._st
         found: dict[bytes, int] = {}
-        for _meta, payload in await read_own(st, TOMBSTONES_KEY):
-            try:
-                bounds = decode_tombstones(payload)
-            except CorruptObjectError as exc:
-                log.warning("the record of refused deletes is unreadable (%s): objects deleted "
-                            "while a device refused may come back", exc)
-                continue
+        for bounds in await read_records(
+                st, TOMBSTONES_KEY, decode_tombstones,
+                "the record of refused deletes is unreadable (objects deleted while a device "
+                "refused may come back)"):
             for key, bound in bounds.items():
                 found[key] = max(found.get(key, 0), bound)
         self._recorded = found

@@ -1,4 +1,5 @@
-"""Free-slot bookkeeping for the GPU tier: runs of contiguous slots, first fit, merged on free.
+"""Free-slot bookkeeping for the GPU tier: runs of contiguous slots, first fit, merged on free;
+and `Allocation`, the slots one object holds.
 
 An object spans ⌈size / slot_size⌉ *contiguous* slots so that a pinned object is one tensor view
 (zero copy). Free space is kept as extents sorted by start; single-slot requests (the common case
@@ -8,6 +9,26 @@ for KV blocks sized to the slot) take the last slot of the last extent in O(1).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
+
+from tierkv._untracked import untrack
+from tierkv.formats.value import ObjectMeta
+
+
+@dataclass(slots=True, eq=False)
+class Allocation:
+    """Slots held by one object; live `pins` or lent `views` keep them from being freed."""
+
+    start: int
+    count: int
+    meta: ObjectMeta
+    pins: int = 0
+    views: int = 0  # tensors lent out by pins that are still alive somewhere (`_lending`)
+    detached: bool = False  # its key was deleted or overwritten while pinned or viewed
+    freed: bool = False
+
+    def __post_init__(self) -> None:
+        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
 
 class SlotAllocator:

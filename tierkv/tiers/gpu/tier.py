@@ -28,13 +28,11 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tierkv._platform import cuda_available, physical_memory
-from tierkv._untracked import untrack
 from tierkv.config import GpuTierConfig, TierKind
 from tierkv.errors import DeviceError, TierFullError
 from tierkv.formats.value import ObjectMeta, Payload, ValueKind, payload_view
@@ -42,28 +40,12 @@ from tierkv.tiers._buffers import MIN_RECYCLED, BufferRecycler, address_of
 from tierkv.tiers.base import PinToken, RecoveredObject, Tier
 from tierkv.tiers.gpu._host_copies import HostCopies
 from tierkv.tiers.gpu._lending import lend, lend_host
-from tierkv.tiers.gpu._slots import SlotAllocator
+from tierkv.tiers.gpu._slots import Allocation, SlotAllocator
 
 #: memory of dropped tensor results kept for reuse on the CPU device (`_buffers`)
 RETAINED_RESULTS = 64 << 20
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True, eq=False)
-class _Allocation:
-    """Slots held by one object; live `pins` or lent `views` keep them from being freed."""
-
-    start: int
-    count: int
-    meta: ObjectMeta
-    pins: int = 0
-    views: int = 0  # tensors lent out by pins that are still alive somewhere (`_lending`)
-    detached: bool = False  # its key was deleted or overwritten while pinned or viewed
-    freed: bool = False
-
-    def __post_init__(self) -> None:
-        untrack(self)  # atoms only: no cycle can pass through it (`tierkv._untracked`)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -85,7 +67,7 @@ class GpuTier(Tier):
         self.slot_size = config.slot_size
         self._slot_count = config.capacity // config.slot_size
         self._allocator = SlotAllocator(self._slot_count)
-        self._objects: dict[bytes, _Allocation] = {}
+        self._objects: dict[bytes, Allocation] = {}
         self._storage = torch.empty(0, dtype=torch.uint8)
         self._host: memoryview | None = None
         self._host_address = 0
@@ -172,7 +154,7 @@ class GpuTier(Tier):
         start = self._allocator.allocate(count)
         if start is None:
             raise TierFullError(f"tier {self.name!r}: no run of {count} free slots")
-        allocation = _Allocation(start, count, meta)
+        allocation = Allocation(start, count, meta)
         offset = start * self.slot_size
         if self._host is not None and self._host_copies.offloads(meta.nbytes):
             await self._copy_in_host(allocation, offset, payload)
@@ -233,11 +215,11 @@ class GpuTier(Tier):
     def keys(self) -> Iterator[bytes]:
         return iter(list(self._objects))
 
-    def _drop(self, allocation: _Allocation) -> None:
+    def _drop(self, allocation: Allocation) -> None:
         allocation.detached = True
         self._free_if_unused(allocation)
 
-    def _free_if_unused(self, allocation: _Allocation) -> None:
+    def _free_if_unused(self, allocation: Allocation) -> None:
         if (allocation.detached and not allocation.pins and not allocation.views
                 and not allocation.freed and self._storage.numel()):
             allocation.freed = True
@@ -258,7 +240,7 @@ class GpuTier(Tier):
         allocation, offset, returned = self._pin(key)
         return allocation, lend_host(self._host, offset, allocation.meta.nbytes, returned)
 
-    def _pin(self, key: bytes) -> tuple[_Allocation, int, Callable[[], None]]:
+    def _pin(self, key: bytes) -> tuple[Allocation, int, Callable[[], None]]:
         """Pin `key`'s allocation with one view lent: its offset, and what to call once the
         last use of that view is gone (on any thread)."""
         self._check_open()
@@ -275,13 +257,13 @@ class GpuTier(Tier):
 
         return allocation, allocation.start * self.slot_size, returned
 
-    def _view_returned(self, allocation: _Allocation) -> None:
+    def _view_returned(self, allocation: Allocation) -> None:
         allocation.views -= 1
         self._after_caller()
         self._free_if_unused(allocation)
 
     def release_pin(self, token: PinToken) -> None:
-        assert isinstance(token, _Allocation), "a pin token comes from acquire_pin"
+        assert isinstance(token, Allocation), "a pin token comes from acquire_pin"
         token.pins -= 1
         self._after_caller()
         self._free_if_unused(token)
@@ -299,7 +281,7 @@ class GpuTier(Tier):
         return allocation is not None and allocation.pins > 0
 
     # -- large copies on the CPU ------------------------------------------------------------------
-    async def _copy_in_host(self, allocation: _Allocation, offset: int, payload: Payload) -> None:
+    async def _copy_in_host(self, allocation: Allocation, offset: int, payload: Payload) -> None:
         """Fill `allocation`'s new slots on a worker; a copy that fails or whose caller was
         cancelled gives them back when it ends (not before: the worker may still write)."""
         def ended(completed: bool) -> None:
@@ -320,7 +302,7 @@ class GpuTier(Tier):
         await self._host_copies.copy(self._host_address + offset, source,
                                      allocation.meta.nbytes, view, ended)
 
-    async def _copy_out_host(self, allocation: _Allocation, offset: int) -> torch.Tensor:
+    async def _copy_out_host(self, allocation: Allocation, offset: int) -> torch.Tensor:
         """`allocation`'s tensor copied out on a worker into a recycled buffer; its slots stay
         reserved until the copy ends, even if its key is deleted meanwhile."""
         nbytes = allocation.meta.nbytes
