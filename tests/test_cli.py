@@ -105,6 +105,7 @@ def test_info_names_the_pmem_copy_path(tmp_path: Path, capsys: pytest.CaptureFix
     assert main(["info", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "copies: native (pmem_copy" in out  # scripts/setup builds the library
+    assert "records out of the garbage collector's sight: native" in out  # and the module
     assert not (tmp_path / "l2.pool").exists()  # info creates nothing
 
 

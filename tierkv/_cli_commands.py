@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierkv import _untracked as untracked
 from tierkv._platform import cuda_available, io_uring_available, libpmemobj_available
 from tierkv._units import format_size, parse_size
 from tierkv.config import (
@@ -159,6 +160,7 @@ def _info(args: argparse.Namespace) -> int:
         console.print(f"CUDA: {'available' if cuda_available() else 'not available'}")
         console.print(f"io_uring: {io_uring_available() or 'available'}")
         console.print(f"libpmemobj: {libpmemobj_available() or 'available'}")
+        console.print(f"records out of the garbage collector's sight: {untracked.MECHANISM}")
         for index, tier in enumerate(config.tiers):
             console.print(f"\n[bold]tiers[{index}] {tier.name}[/bold] kind={tier.kind.value} "
                           f"capacity={format_size(tier.capacity)}")
