@@ -72,20 +72,21 @@ class DepartedEdges:
             for key, listed in edges.items():  # two copies of differing age: both hold
                 found.setdefault(key, set()).update(listed)
         self._recorded = {key: tuple(sorted(parents)) for key, parents in found.items()}
-        # a recorded key whose own children are recorded keys gains them as they are linked:
-        # repeat until a pass links nothing
-        linking = True
-        while linking:
-            linking = False
-            for key in [key for key in found if key in st.index or st.dag.has_children(key)]:
-                recorded = found.pop(key)
-                if key in st.index:
-                    continue  # stored again: its header names its parents
-                for parent in sorted(recorded):
-                    try:
-                        st.dag.link(parent, key)
-                    except DependencyCycleError as exc:
-                        st.counters.dag_edges_refused += 1
-                        log.warning("recovery: %s; that departed edge is not restored", exc)
-                st.index.note_departed(key)
-                linking = True
+        # the keys something recovered derives from; a recorded parent gains a child as a key
+        # is linked to it, and joins them (each key once: a chain of departed keys is linear)
+        ready = [key for key in found if st.dag.has_children(key)]
+        while ready:
+            key = ready.pop()
+            recorded = found.pop(key, None)
+            if recorded is None or key in st.index:
+                continue  # linked already, or stored again: its header names its parents
+            for parent in sorted(recorded):
+                try:
+                    st.dag.link(parent, key)
+                except DependencyCycleError as exc:
+                    st.counters.dag_edges_refused += 1
+                    log.warning("recovery: %s; that departed edge is not restored", exc)
+                    continue
+                if parent in found:
+                    ready.append(parent)
+            st.index.note_departed(key)

@@ -14,6 +14,7 @@ was replaced learns that its result is void.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from tierkv._untracked import untrack
@@ -133,7 +134,7 @@ class Index:
     def unlink(self, key: bytes) -> None:
         """`key` holds no object (it left, or its put failed): drop its edges from its parents
         unless something still derives from it (`Dag.unlink_parents`); one that keeps them is
-        noted in `departed`, so that they outlive a restart."""
+        noted (`note_departed`), so that they outlive a restart."""
         self._dag.unlink_parents(key, self._in_use)
         if self._dag.has_parents(key):
             self.note_departed(key)
@@ -144,7 +145,7 @@ class Index:
         if len(self._departed) > self._departed_bound:
             self.departed_keys()  # amortised: the bound doubles what is left
 
-    def departed_keys(self) -> set[bytes]:
+    def departed_keys(self) -> AbstractSet[bytes]:
         """The keys that hold no object and have edges from parents now (those that left
         with children, edges `add_dependency` made to keys not stored); the ones noted that
         no longer do are forgotten."""
@@ -152,7 +153,7 @@ class Index:
         self._departed = {key for key in self._departed
                           if key not in self._entries and dag.has_parents(key)}
         self._departed_bound = max(_DEPARTED_MIN, 2 * len(self._departed))
-        return set(self._departed)
+        return self._departed
 
     # -- copies ------------------------------------------------------------------------------
     def add_copy(self, entry: IndexEntry, tier: int, now: float) -> bool:
