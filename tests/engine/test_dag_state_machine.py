@@ -5,7 +5,10 @@ so the model is exact).
 The model's DAG: a put sets the key's parents (replacing the old ones) and, if the key held a
 value or anything derives from it (an old value that left keeps its children's edges), removes
 everything derived from it; `invalidate` removes the key and its descendants and
-returns how many stored objects went; an object that leaves drops the edges from its parents;
+returns how many stored objects went; a key that leaves (or is invalidated unstored) drops the
+edges from its parents unless something still derives from it, and each parent that holds no
+value and is left without children is released the same way, up the chain
+(`Dag.unlink_parents`);
 `add_dependency` to a stored child writes the edge into the child's header (it survives a
 reopen); to a key not stored it lives in memory and in the record the close's flush writes, so
 a reopen rebuilds the edges from the stored objects' headers and links the recorded ones again
@@ -62,10 +65,23 @@ class DagMachine(RuleBasedStateMachine):
         return found
 
     def leave(self, key: bytes) -> int:
-        """`key` leaves the cache (if stored): its value and the edges from its parents."""
-        self.edges = {(p, c) for p, c in self.edges if c != key}
+        """`key` leaves the cache (if stored): its value, and its edges as `release` says."""
         self.durable.pop(key, None)
-        return int(self.values.pop(key, None) is not None)
+        stored = self.values.pop(key, None) is not None
+        self.release(key)
+        return int(stored)
+
+    def release(self, key: bytes) -> None:
+        """`key` holds no value: unless something derives from it, drop the edges from its
+        parents, and release in turn each parent that holds no value, up the chain."""
+        pending = [key]
+        while pending:
+            node = pending.pop()
+            if any(parent == node for parent, _ in self.edges):
+                continue  # its children still derive from its parents through it
+            parents = {parent for parent, child in self.edges if child == node}
+            self.edges -= {(parent, node) for parent in parents}
+            pending.extend(parent for parent in parents if parent not in self.values)
 
     def remove_descendants(self, key: bytes) -> int:
         return sum(self.leave(child) for child in self.descendants(key))
@@ -83,10 +99,10 @@ class DagMachine(RuleBasedStateMachine):
         self.run(self.kv.put(key, value, parents=parents))
         rewrites = key in self.values or any(p == key for p, _ in self.edges)
         self.edges = {(p, c) for p, c in self.edges if c != key} | {(p, key) for p in parents}
+        self.values[key] = value  # held while what derived from its old value leaves
+        self.durable[key] = set(parents)
         if rewrites:
             self.remove_descendants(key)
-        self.values[key] = value
-        self.durable[key] = set(parents)
 
     @rule(key=KEYS)
     def get(self, key: bytes) -> None:
