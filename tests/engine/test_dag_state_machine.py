@@ -10,7 +10,7 @@ edges from its parents unless something still derives from it, and each parent t
 value and is left without children is released the same way, up the chain
 (`Dag.unlink_parents`);
 `add_dependency` to a stored child writes the edge into the child's header (it survives a
-reopen); to a key not stored it lives in memory and in the record the close's flush writes, so
+reopen); to a key not stored it lives in memory and in the engine's record of such edges, so
 a reopen rebuilds the edges from the stored objects' headers and links the recorded ones again
 where a stored object derives from their child, directly or through other recorded keys
 (`engine._departed`). A put or link that would close a cycle is refused and changes nothing.

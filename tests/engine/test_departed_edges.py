@@ -1,18 +1,24 @@
 """Invalidation through a key whose object left, across a restart (`engine._departed`).
 
 In a → b → c the edge a → b lives in b's header only; b deleted or dropped while c stays, the
-engine keeps the edge in memory, and each flush (a close flushes) records it. After a clean
-restart or a `kill -9` that came after a flush, a new value or an invalidation of a still
-removes c: no stale derived value is served.
+engine keeps the edge in memory and records it: each flush (a close flushes), and a delete or
+drop of b before b's last copy goes. After a clean restart or a `kill -9`, a new value or an
+invalidation of a still removes c: no stale derived value is served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +26,7 @@ import pytest
 
 import tierkv
 from tests.engine._configs import hierarchy_config
-from tests.engine.test_invalidation import killed_after
+from tests.engine.test_invalidation import ROOT, killed_after
 from tierkv.testing.faults import FaultPlan, open_with_faults
 
 pytestmark = pytest.mark.pmem
@@ -33,7 +39,9 @@ def _config(tmp_path: Path, kinds: tuple[str, ...] = ALL, policy: str = "write_b
     return hierarchy_config(tmp_path, kinds, write_policy=policy)
 
 
-async def _chain_with_its_middle_gone(kv: tierkv.Engine) -> None:
+async def _chain_with_its_middle_gone(kv: tierkv.Engine,
+                                      before_delete: Callable[[], object] = lambda: None
+                                      ) -> None:
     """a → b → c → d and x → b (two parents), then b deleted: c and d derive from a and x
     through b."""
     await kv.put(b"a", b"A")
@@ -41,6 +49,7 @@ async def _chain_with_its_middle_gone(kv: tierkv.Engine) -> None:
     await kv.put(b"b", b"B", parents=[b"a", b"x"])
     await kv.put(b"c", b"C", parents=[b"b"])
     await kv.put(b"d", b"D", parents=[b"c"])
+    before_delete()
     await kv.delete(b"b")
 
 
@@ -126,6 +135,74 @@ def test_the_edges_a_flush_recorded_survive_kill_9(
     asyncio.run(reopen())
 
 
+_KILLED_AFTER_A_DEPARTURE = textwrap.dedent("""
+    import asyncio, json, sys, time
+    import tierkv
+    config, how = json.loads(sys.argv[1]), sys.argv[2]
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", b"B" * 3000, parents=[b"a"])
+        await kv.put(b"c", b"C" * 3000, parents=[b"b"])
+        await kv.put(b"y", b"Y" * 3000, parents=[b"x"])  # x is never stored
+        await kv.flush()  # all durable; no key has left yet: the record is empty
+        if how == "delete":
+            await kv.delete(b"b")
+        elif how == "link":
+            await kv.add_dependency(b"p", b"x")
+        else:  # dropped for room: b, never read, goes first out of the only tier
+            for i in range(64):
+                await kv.put(b"filler%d" % i, bytes(512 << 10))
+                for key in (b"a", b"c", b"y"):
+                    await kv.get(key)
+                if not await kv.contains(b"b"):
+                    break
+            await kv.settle()
+        print("DONE", await kv.contains(b"b"), flush=True)
+        time.sleep(300)  # killed here, with no flush since the departure or the link
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("how", "kinds", "policy"), [
+    ("delete", ALL, "write_back"), ("delete", ALL, "write_through"),
+    ("delete", ("pmem",), "write_back"), ("link", ALL, "write_back"),
+    ("link", ("gpu", "nvme"), "write_through"), ("drop", ("pmem",), "write_back")],
+    ids=lambda value: value if isinstance(value, str) else "-".join(value))
+def test_edges_are_on_media_before_the_departure_or_link_returns(
+        tmp_path: Path, how: str, kinds: tuple[str, ...], policy: str) -> None:
+    """A key that leaves with parents and children (deleted, dropped for room) has its edges
+    recorded before its last copy goes, and an edge to a key not stored before
+    `add_dependency` returns: after a `kill -9` with no flush since, an invalidation of the
+    root still reaches what derives from it. (They were recorded at the next flush only.)"""
+    cfg = _config(tmp_path, kinds, policy)
+    with subprocess.Popen([sys.executable, "-c", _KILLED_AFTER_A_DEPARTURE, json.dumps(cfg),
+                           how], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True) as writer:
+        try:
+            assert writer.stdout is not None
+            assert writer.stdout.readline().split() == ["DONE", str(how == "link")]
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(30)
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert [await kv.get(key) for key in (b"c", b"y")] == [b"C" * 3000, b"Y" * 3000]
+            if how == "link":
+                assert await kv.invalidate(b"p") == 1  # y, through x
+                assert [await kv.get(key) for key in (b"c", b"y")] == [b"C" * 3000, None]
+            else:
+                assert await kv.get(b"b") is None
+                assert await kv.invalidate(b"a") == 2  # a and c, through b
+                assert [await kv.get(key) for key in (b"c", b"y")] == [None, b"Y" * 3000]
+
+    asyncio.run(reopen())
+
+
 async def test_a_key_dropped_for_room_keeps_its_edges_across_a_restart(tmp_path: Path) -> None:
     """b, the oldest and never read, is dropped out of the only tier by puts that need its
     room, while a and c are read and stay."""
@@ -155,11 +232,12 @@ async def test_a_record_no_tier_takes_fails_no_flush_and_the_next_flush_writes_i
     plan.enabled = False
     kv = await open_with_faults(cfg, plan)
     try:
-        await _chain_with_its_middle_gone(kv)
-        plan.enabled = True  # the pool refuses every write: the record's too
-        await kv.flush()  # every object is durable: the flush does not fail for the record
+        # from the delete on, the pool refuses every write: the record's too
+        await _chain_with_its_middle_gone(kv, lambda: setattr(plan, "enabled", True))
+        assert await kv.get(b"b") is None  # the delete does not fail for the record
+        await kv.flush()  # every object is durable: the flush does not fail for it either
         plan.enabled = False
-        assert kv.stats()["engine"]["departed_edges_unrecorded"] == 1
+        assert kv.stats()["engine"]["departed_edges_unrecorded"] == 2
         await kv.flush()  # written now
     finally:
         plan.enabled = False

@@ -11,13 +11,23 @@ rebuilt the DAG, the recorded edges of each key that something recovered still d
 directly or through other recorded keys — are linked again; the rest are forgotten.
 
 What a flush records is what the DAG held when it began, and it is on media when the flush
-returns (its persistent tiers are synced after). A key that leaves after that flush keeps its
-parents' edges across a restart only once another flush (or the close, which flushes) has
-recorded them: a `kill -9` in between loses them as before.
+returns. Between flushes, the places where the engine removes an object's last copy on purpose
+record first (`leaving`): a public delete and a move that drops the last copy of a key with
+both parents and children write the record holding its edges, and sync it, before the copy
+goes; `add_dependency` to a key not stored records its edge before it returns. Otherwise a
+`kill -9` before the next flush lost them while the object's removal was already on media (a
+pool frees at once). One writer at a time (`GroupCommit` as a single flight): two records
+written side by side could leave the older one on media last. Not covered: a key whose last
+copy a full log's reclaim drops (the log tells the engine as it drops it) keeps its edges
+across a crash only once a flush has recorded them.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
+from tierkv.engine._commit import GroupCommit
 from tierkv.engine._own import keep_own, own_tiers, read_records
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
@@ -29,34 +39,65 @@ Edges = dict[bytes, tuple[bytes, ...]]
 
 
 class DepartedEdges:
-    __slots__ = ("_recorded", "_st")
+    __slots__ = ("_leaving", "_one", "_recorded", "_st")
 
     def __init__(self, state: EngineState) -> None:
         self._st = state
         #: what the newest record on media holds
         self._recorded: Edges = {}
+        #: keys whose last copy is about to go (`leaving`): recorded while still stored
+        self._leaving: set[bytes] = set()
+        self._one = GroupCommit(self._write)
 
     def current(self) -> Edges:
-        """The edges into keys that hold no object now."""
+        """The edges into keys that hold no object now, or are about to hold none."""
         dag = self._st.dag
-        return {key: tuple(sorted(dag.parents(key))) for key in self._st.index.departed_keys()}
+        keys = self._st.index.departed_keys()
+        if self._leaving:
+            keys = keys | {key for key in self._leaving if dag.has_parents(key)}
+        return {key: tuple(sorted(dag.parents(key))) for key in keys}
 
     async def record(self) -> None:
-        """Write the record if the edges changed since the last one (a flush calls this). One
-        that no tier takes (full, failing) is logged and counted, and the next flush tries
-        again: the flush itself, which made every object durable, does not fail for it."""
+        """Write the record, and sync it, if the edges changed since the last one was written
+        (a flush calls this, and `leaving`). One that no tier takes (full, failing) is logged
+        and counted, and the next flush tries again: the flush itself, which made every object
+        durable, does not fail for it, nor does the delete or move that asked."""
+        await self._one.sync()
+
+    @contextlib.asynccontextmanager
+    async def leaving(self, key: bytes) -> AsyncIterator[None]:
+        """Around the removal of `key`'s last copy, the key held: when it has parents and
+        children and no record on media holds its edges yet, write one that does first, so
+        that the removal never reaches media before the edges do."""
+        dag = self._st.dag
+        if (not dag.has_children(key) or not dag.has_parents(key)
+                or self._recorded.get(key) == tuple(sorted(dag.parents(key)))
+                or not own_tiers(self._st)):
+            yield
+            return
+        self._leaving.add(key)
+        try:
+            await self.record()
+            yield
+        finally:
+            self._leaving.discard(key)
+
+    async def _write(self) -> None:
         st = self._st
         edges = self.current()
         if edges == self._recorded:
             return
         try:
-            await keep_own(st, DEPARTED_EDGES_KEY, encode_departed_edges(edges) if edges else None,
-                           own_tiers(st) if edges else ())
+            written = await keep_own(st, DEPARTED_EDGES_KEY,
+                                     encode_departed_edges(edges) if edges else None,
+                                     own_tiers(st) if edges else ())
+            for tier in written:
+                await st.commits[tier].sync()
         except TierKVError as exc:
             st.counters.departed_edges_unrecorded += 1
-            log.warning("flush: the edges into %d keys whose objects left could not be "
-                        "recorded (%s): after a restart, a write or invalidation of their "
-                        "parents may not reach what derives from them", len(edges), exc)
+            log.warning("the edges into %d keys whose objects left could not be recorded "
+                        "(%s): after a restart, a write or invalidation of their parents may "
+                        "not reach what derives from them", len(edges), exc)
             return
         self._recorded = edges
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierkv.engine._copies import CopyOps
+from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
@@ -43,11 +44,12 @@ class Settling:
 
 
 class Moves:
-    __slots__ = ("_copies", "_st")
+    __slots__ = ("_copies", "_departed", "_st")
 
-    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+    def __init__(self, state: EngineState, copies: CopyOps, departed: DepartedEdges) -> None:
         self._st = state
         self._copies = copies
+        self._departed = departed
 
     async def run(self, plan: Plan, *, background: bool,
                   parent: Span | None = None) -> bool | Settling:
@@ -97,7 +99,15 @@ class Moves:
             return False
         if isinstance(plan, Evict) and not any(t > tier for t in entry.locations):
             return False  # the lower copy is gone: the next plan demotes instead
-        if await self._copies.remove(entry, tier, claim):
+        if entry.locations == [tier] and st.tiers[tier].persistent:
+            # its last copy, on media: the edges it keeps for its children go on media first
+            async with self._departed.leaving(entry.key):
+                if entry.detached or entry.locations != [tier]:
+                    return False
+                dropped = await self._copies.remove(entry, tier, claim)
+        else:
+            dropped = await self._copies.remove(entry, tier, claim)
+        if dropped:
             st.counters.drops += 1
         st.counters.evictions[st.names[tier]] += 1
         return True

@@ -11,10 +11,12 @@ key's value changed; what it wrote and did not commit is scrubbed (`_keys`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 from tierkv.config import WritePolicy
 from tierkv.engine._copies import CopyOps
+from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState, log
@@ -24,11 +26,12 @@ from tierkv.formats.value import ObjectMeta, Payload
 
 
 class Writes:
-    __slots__ = ("_copies", "_st", "_write_through")
+    __slots__ = ("_copies", "_departed", "_st", "_write_through")
 
-    def __init__(self, state: EngineState, copies: CopyOps) -> None:
+    def __init__(self, state: EngineState, copies: CopyOps, departed: DepartedEdges) -> None:
         self._st = state
         self._copies = copies
+        self._departed = departed
         self._write_through = state.config.engine.write_policy is WritePolicy.WRITE_THROUGH
 
     async def put(self, key: bytes, meta: ObjectMeta, payload: Payload,
@@ -153,7 +156,8 @@ class Writes:
                 check_header(key, meta)
             st.dag.link(parent, key)
             if entry is None:
-                st.index.note_departed(key)  # an edge no header holds (`engine._departed`)
+                st.index.note_departed(key)  # an edge no header holds: recorded on media
+                await self._departed.record()
                 return
             if meta is None:
                 return
@@ -183,12 +187,21 @@ class Writes:
         is only forgotten. `on_server` (a public delete): the shared tier's object goes too
         even when this engine does not hold it (after a restart it holds nothing there, and
         its next lookup would adopt the deleted value), deleted while the key is held, so no
-        lookup adopts it meanwhile."""
+        lookup adopts it meanwhile; and a key that keeps edges from parents for its children
+        has them recorded on media first (`DepartedEdges.leaving`: an invalidation's deletes
+        need not, what derives from them goes too)."""
         st = self._st
         shared = st.scheduler.shared
         async with st.keys.hold(key) as claim:
             st.check_open()
-            entry = st.index.detach(key)
+            entry = st.index.get(key)
+            recording: contextlib.AbstractAsyncContextManager[None] = (
+                self._departed.leaving(key)
+                if on_server and entry is not None
+                and any(st.tiers[tier].persistent for tier in entry.locations)
+                else contextlib.nullcontext())
+            async with recording:
+                entry = st.index.detach(key)
             held_shared = entry is not None and shared in entry.locations
             if entry is not None:
                 await self._copies.discard(entry, claim, keep_shared=keep_shared)

@@ -84,12 +84,12 @@ class Engine(ReadCalls, ObserveCalls):
         self._st = st = EngineState(config, self.tiers, clock, tracer_provider)
         copies = CopyOps(st)
         st.scrub = copies.scrub
-        self._executor = MoveExecutor(st, Moves(st, copies))
+        self._departed = DepartedEdges(st)
+        self._executor = MoveExecutor(st, Moves(st, copies, self._departed))
         self._shared = Shared(st, self._executor)
         self._reads = Reads(st, copies, self._executor, self._shared)
-        self._writes = Writes(st, copies)
+        self._writes = Writes(st, copies, self._departed)
         self._tombstones = Tombstones(st, copies)
-        self._departed = DepartedEdges(st)
         self._flusher = Flusher(st, copies, self._tombstones, self._departed)
         self._invalidations = Invalidations(st, self._writes, self._shared)
         st.lost_overwrite = self._lost_overwrite
@@ -345,10 +345,10 @@ class Engine(ReadCalls, ObserveCalls):
         persistent copies are rewritten in place, on media when this returns), so the edge
         survives a restart; `LimitExceededError` if that header would exceed the format's
         bounds (`MAX_PARENTS` parents, a `MAX_BODY` body: `tierkv.formats.header`). Both are
-        raised before anything changes. An edge to a `child` not stored lives in memory and in
-        the record the next flush writes (it comes back after a restart where something
-        derives from `child`), and a later `put(child, parents=...)` sets the child's parents
-        anew."""
+        raised before anything changes. An edge to a `child` not stored is written into the
+        engine's record of such edges, on media when this returns (it comes back after a
+        restart where something derives from `child`), and a later `put(child, parents=...)`
+        sets the child's parents anew."""
         async with self._call():
             raw_parent, raw_child = encode_key(parent), encode_key(child)
             await self._writes.relink(raw_child, raw_parent)
