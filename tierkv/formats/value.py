@@ -120,7 +120,12 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
         if exceeded is not None:
             raise exceeded
         resolved = value.detach().resolve_conj().resolve_neg()
-        flat = resolved.contiguous().reshape(-1).view(torch.uint8)
+        flat = resolved.contiguous().reshape(-1)
+        if flat.numel() == 1 and flat.stride(0) != 1:
+            # torch counts a one-element tensor as contiguous whatever its strides (x[:, 3] of
+            # a 1×8 x keeps stride 8), and a byte view needs a last stride of 1
+            flat = flat.as_strided((1,), (1,))
+        flat = flat.view(torch.uint8)
         meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
         return meta, flat
     view = _byte_view(value)
