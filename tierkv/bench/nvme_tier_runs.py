@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierkv.config import NvmeBackend, NvmeTierConfig
+from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
 from tierkv.formats.value import ObjectMeta, ValueKind
 
 QUEUE_DEPTH = 32
@@ -82,10 +83,27 @@ def _fill_count(path: Path, size: int, plan: _Plan) -> int:
     return int(tier.capacity * 0.85) // tier.footprint(size)
 
 
+def _forget_log(path: Path) -> None:
+    """Zero the superblock of the log at `path`, if any, so that the next tier run starts on an
+    empty log over the extents already written (as fio's runs beside it do). `format = true`
+    keeps a valid log of the same geometry: a run after another with only a fio read between
+    recovered the keys it then put again, and its reclaims dropped live entries."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        os.pwrite(fd, bytes(SUPERBLOCK_SIZE), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 async def _tier_run(path: Path, size: int, plan: _Plan, *, random_order: bool,
                     reads: bool) -> dict[str, float]:
     from tierkv.tiers.nvme.tier import NvmeTier
 
+    _forget_log(path)
     tier = NvmeTier(_tier_config(path, plan))
     await tier.open()
     try:
