@@ -84,15 +84,17 @@ def _fill_count(path: Path, size: int, plan: _Plan) -> int:
 
 
 def _forget_log(path: Path) -> None:
-    """Zero the superblock of the log at `path`, if any, so that the next tier run starts on an
-    empty log over the extents already written (as fio's runs beside it do). `format = true`
-    keeps a valid log of the same geometry: a run after another with only a fio read between
-    recovered the keys it then put again, and its reclaims dropped live entries."""
+    """Zero the superblock of the log at `path` (the bench's scratch file), if any, so that
+    the next tier run starts on an empty log over the extents already written (as fio's runs
+    beside it do). `format = true` keeps a valid log of the same geometry: a run after another
+    with only a fio read between recovered the keys it then put again, and its reclaims
+    dropped live entries."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
+        os.fchmod(fd, 0o600)  # fio made it 0644: the tier would warn at each open
         os.pwrite(fd, bytes(SUPERBLOCK_SIZE), 0)
         os.fsync(fd)
     finally:
