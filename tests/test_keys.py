@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -130,6 +132,27 @@ def test_block_keys_is_deterministic_and_accepts_plain_int_theta() -> None:
 def test_block_size_must_be_positive(size: int) -> None:
     with pytest.raises(ValueError):
         block_keys([1, 2, 3], block_size=size, model=MODEL, rope_theta=THETA)
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ({"block_size": True}, "block_size is an int, not bool"),
+    ({"block_size": 4.0}, "block_size is an int, not float"),
+    ({"block_size": "4"}, "block_size is an int, not str"),
+    ({"namespace": "tenant"}, "namespace is bytes, not str"),
+    ({"namespace": None}, "namespace is bytes, not NoneType"),
+])
+def test_arguments_of_the_wrong_type_are_named(arguments: dict[str, object], message: str
+                                                ) -> None:
+    call: dict[str, Any] = {"block_size": 4, "model": MODEL, "rope_theta": THETA, **arguments}
+    with pytest.raises(TypeError, match=message):
+        block_keys([1, 2, 3, 4], **call)
+
+
+def test_a_numpy_block_size_and_a_bytearray_namespace_are_taken() -> None:
+    expected = block_keys([1, 2, 3, 4], block_size=4, model=MODEL, rope_theta=THETA,
+                          namespace=b"t")
+    assert block_keys([1, 2, 3, 4], block_size=np.int64(4), model=MODEL,  # type: ignore[arg-type]
+                      rope_theta=THETA, namespace=bytearray(b"t")) == expected
 
 
 def test_empty_and_short_inputs_have_no_keys() -> None:

@@ -99,7 +99,7 @@ def block_keys(
     block_size: int,
     model: str,
     rope_theta: float,
-    namespace: bytes = b"",
+    namespace: bytes | bytearray | memoryview = b"",
 ) -> list[BlockKey]:
     """One chained `BlockKey` per *full* block of `token_ids` (a partial tail gets no key).
 
@@ -107,20 +107,27 @@ def block_keys(
     token ids), truncated to 16 bytes. Every length is framed, so no two different inputs share the
     hashed byte string.
 
-    Raises `TypeError` for a token id that is not an int or a `model` that is not a str, and
-    `ValueError` for a token id outside the signed 64-bit range, a `block_size` below 1 or a
-    `model` with no UTF-8 form (`LimitExceededError` for one longer than a key).
+    Raises `TypeError` for a token id or `block_size` that is not an int, a `model` that is not
+    a str or a `namespace` that is not bytes, and `ValueError` for a token id outside the signed
+    64-bit range, a `block_size` below 1 or a `model` with no UTF-8 form (`LimitExceededError`
+    for one longer than a key).
     """
+    if isinstance(block_size, bool) or not hasattr(block_size, "__index__"):
+        raise TypeError(f"block_size is an int, not {type(block_size).__name__}")
+    block_size = block_size.__index__()
     if block_size <= 0:
         raise ValueError("block_size must be positive")
+    if not isinstance(namespace, bytes | bytearray | memoryview):
+        raise TypeError(f"namespace is bytes, not {type(namespace).__name__}")
+    salt_namespace = bytes(namespace)
     model_bytes = _utf8(model, "model")
     if len(model_bytes) >= MAX_KEY_SIZE:
         # a put hangs each block under the model version's key (`version_key`), a header parent
         raise LimitExceededError("model bytes", MAX_KEY_SIZE - 1, len(model_bytes))
     salt = hashlib.sha256(
         _CHAIN_DOMAIN
-        + struct.pack("<I", len(namespace))
-        + namespace
+        + struct.pack("<I", len(salt_namespace))
+        + salt_namespace
         + struct.pack("<I", len(model_bytes))
         + model_bytes
         + struct.pack("<d", _rope_theta(rope_theta))
@@ -199,7 +206,12 @@ def key_list(keys: Iterable[Key], what: str) -> list[Key]:
     `str` or `bytes` would otherwise be taken as the keys of its characters or byte values."""
     if isinstance(keys, _ONE_KEY):
         raise TypeError(f"{what} is an iterable of keys, not a single {type(keys).__name__}")
-    return list(keys)
+    try:
+        return list(keys)
+    except TypeError:
+        if hasattr(keys, "__iter__"):
+            raise  # raised while iterating: the iterable's own error
+        raise TypeError(f"{what} is an iterable of keys, not {type(keys).__name__}") from None
 
 
 def decode_key(raw: bytes) -> Key:

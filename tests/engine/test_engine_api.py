@@ -149,8 +149,18 @@ async def test_one_key_where_many_are_expected_is_a_type_error() -> None:
             await kv.prefetch("ab")
         with pytest.raises(TypeError):
             await kv.put("c", b"C", parents="ab")
+        with pytest.raises(TypeError, match="parents is an iterable of keys, not NoneType"):
+            await kv.put("c", b"C", parents=None)  # type: ignore[arg-type]
         assert not await kv.contains("c")
         assert kv.metrics().dag_edges == 0
+
+
+async def test_a_miss_storm_callback_that_cannot_be_called_is_refused() -> None:
+    async with tierkv.open(l1_config()) as kv:
+        for callback in (5, "alert"):
+            with pytest.raises(TypeError, match="callable or None"):
+                kv.on_miss_storm(callback)  # type: ignore[arg-type]
+        kv.on_miss_storm(None)
 
 
 async def test_full_l1_evicts_least_recently_used() -> None:

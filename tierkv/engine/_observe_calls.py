@@ -35,7 +35,11 @@ class ObserveCalls:
         (WARNING) and counted in `metrics()`.
 
         The callback runs on the event loop, inside the get that noticed the storm: keep it
-        short (schedule anything longer). What it raises is logged, never raised to the get."""
+        short (schedule anything longer). What it raises is logged, never raised to the get.
+        `TypeError` for a `callback` that is neither callable nor None."""
+        if callback is not None and not callable(callback):
+            raise TypeError(f"the miss-storm callback is a callable or None, not "
+                            f"{type(callback).__name__}")
         self._st.misses.callback = callback
 
     def metrics(self) -> EngineMetrics:

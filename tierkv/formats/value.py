@@ -123,7 +123,7 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
         flat = resolved.contiguous().reshape(-1)
         if flat.numel() == 1 and flat.stride(0) != 1:
             # torch counts a one-element tensor as contiguous whatever its strides (x[:, 3] of
-            # a 1×8 x keeps stride 8), and a byte view needs a last stride of 1
+            # a 1x8 x keeps stride 8), and a byte view needs a last stride of 1
             flat = flat.as_strided((1,), (1,))
         flat = flat.view(torch.uint8)
         meta = ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape), flat.numel(), 0, parents)
