@@ -3,7 +3,10 @@
 the first tier keeps the pool's copy, and the nvme log reclaiming the region of a flushed object
 that the first tier holds copies it forward, so a `kill -9` after them loses nothing the flush
 covered (README, durability: with `exclusive = true` a promoted object is volatile until the
-next flush). Byte-for-byte checks after the reopen, with a real SIGKILL of a child process."""
+next flush). Nor does a drop out of the pool undo a flush or a write-through put while the
+first tier holds the object too (the whole object leaves), nor does a write-through overwrite
+let the old value's copy in the log come back. Byte-for-byte checks after the reopen, with a
+real SIGKILL of a child process."""
 
 from __future__ import annotations
 
@@ -121,3 +124,92 @@ async def test_a_flush_holds_across_the_logs_reclaim_of_objects_the_first_tier_h
             for i in range(count):
                 expected = None if tag == "d" else (tag.encode() + bytes([i])) * 30_000
                 assert await reopened.get(f"{tag}{i}") == expected, (tag, i)
+
+
+_DROPPING_CHILD = """
+import asyncio, json, os, sys
+import tierkv
+
+async def main(cfg):
+    kv = await tierkv.open(cfg)
+    orphans = [tierkv.block_keys(list(range(8)), block_size=4, model="m@%d" % i,
+                                rope_theta=1e4)
+               for i in range(4)]
+    for i, (root, block) in enumerate(orphans):  # block 1 of a chain whose block 0 is not stored
+        await kv.put(block, bytes([i]) * 65_000, parents=[root])
+    if cfg["engine"]["write_policy"] == "write_back":
+        await kv.flush()  # the barrier the orphans' later eviction must not undo
+    for i in range(160):  # fill the pool: its evictor takes the orphans first
+        await kv.put(f"f{i}", bytes([i]) * 65_000)
+    if cfg["engine"]["write_policy"] == "write_back":
+        await kv.flush()  # the fillers into the pool
+    await kv.settle()
+    held = [i for i, (_, block) in enumerate(orphans) if await kv.contains(block)]
+    held_fillers = [i for i in range(160) if await kv.contains(f"f{i}")]
+    print("READ", json.dumps({"orphans": held, "fillers": held_fillers,
+                              "evicted": kv.stats()["engine"]["evictions"].get("pmem", 0)}),
+          flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+@pytest.mark.pmem
+@pytest.mark.crash
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+async def test_a_drop_out_of_the_last_tier_on_media_takes_the_copies_above_it(
+        tmp_path: Path, policy: str) -> None:
+    """The pool drops objects no tier below admits (orphan chain blocks) while the first tier
+    holds them too: the whole object leaves the cache. It dropped the pool's copy only, and
+    the first tier went on serving an object whose put was acknowledged (or flushed) and
+    that a `kill -9` then lost. An object served before the crash is there after it."""
+    cfg = hierarchy_config(tmp_path, ("gpu", "pmem", "nvme"), write_policy=policy,
+                           gpu={"capacity": 32 * MiB, "slot_size": 64 * KiB, "ttl": "600s"},
+                           pmem={"capacity": 8 * MiB}, nvme={"capacity": 64 * MiB})
+    reported = run_child_until_read(cfg, _DROPPING_CHILD)
+    assert reported["evicted"] > 0 and reported["fillers"]  # the pool evicted; most stayed
+    async with tierkv.open(cfg) as reopened:
+        for i in range(4):
+            block = tierkv.block_keys(list(range(8)), block_size=4, model=f"m@{i}",
+                                      rope_theta=1e4)[1]
+            if i in reported["orphans"]:  # served before the crash: still there after it
+                assert await reopened.get(block) == bytes([i]) * 65_000, i
+        for i in reported["fillers"]:
+            assert await reopened.get(f"f{i}") == bytes([i]) * 65_000, i
+
+
+_OVERWRITING_CHILD = """
+import asyncio, json, os, sys
+import tierkv
+
+async def main(cfg):
+    kv = await tierkv.open(cfg)
+    await kv.put("k", b"v1" * 30_000)
+    fillers = 0
+    while await kv.locate("k") != "nvme":  # pushed down into the log by newer objects
+        await kv.put(f"f{fillers}", os.urandom(60_000))
+        fillers += 1
+        if fillers % 32 == 0:
+            await kv.settle()
+    await kv.put("k", b"v2" * 30_000)  # acknowledged: on media in the pool
+    assert await kv.delete("k")
+    print("READ", json.dumps({"fillers": fillers}), flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+async def test_a_write_through_overwrite_keeps_the_old_value_from_coming_back(
+        tmp_path: Path) -> None:
+    """Write-through, the old value in the log: an overwrite's acknowledgement covers the log's
+    tombstone of the old value too. It synced only the pool, which took the new value; the new
+    value deleted and the process killed, the log's unsynced head lost the tombstone and the
+    reopen served the old value."""
+    cfg = hierarchy_config(tmp_path, ("gpu", "pmem", "nvme"), write_policy="write_through",
+                           gpu={"capacity": 1 * MiB, "slot_size": 64 * KiB, "ttl": "600s"},
+                           pmem={"capacity": 8 * MiB}, nvme={"capacity": 64 * MiB})
+    assert run_child_until_read(cfg, _OVERWRITING_CHILD)["fillers"] > 0
+    async with tierkv.open(cfg) as reopened:
+        assert await reopened.get("k") in (None, b"v2" * 30_000)  # never v1

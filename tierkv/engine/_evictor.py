@@ -20,16 +20,21 @@ class Evictor:
         self._st = state
         self._tier = tier
         self._executor = executor
-        #: pins hold objects in the first tier only
+        #: pins hold objects in the first tier
         self._pinnable = tier == 0
 
     def protected(self, key: bytes) -> bool:
-        """Whether `key` may not be moved out now: pinned, busy, or already moving."""
+        """Whether `key` may not be moved out now: busy, already moving, or pinned (here in
+        the first tier; below it, where this tier holds its last copy that outlives a restart:
+        the object would leave the cache, its pinned copy with it)."""
         st = self._st
-        if st.keys.busy(key) or (self._pinnable and key in st.pins):
+        if st.keys.busy(key):
             return True
         entry = st.index.get(key)
-        return entry is None or entry.moving
+        if entry is None or entry.moving:
+            return True
+        return key in st.pins and (self._pinnable
+                                   or not st.lasting_elsewhere(entry, self._tier))
 
     async def run(self) -> None:
         st = self._st

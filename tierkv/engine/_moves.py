@@ -99,18 +99,35 @@ class Moves:
             return False
         if isinstance(plan, Evict) and not any(t > tier for t in entry.locations):
             return False  # the lower copy is gone: the next plan demotes instead
-        if entry.locations == [tier] and st.tiers[tier].persistent:
+        doomed = [tier]
+        if isinstance(plan, Drop) and not st.lasting_elsewhere(entry, tier):
+            # The object leaves the cache, as a drop means: copies in volatile tiers above go
+            # too (first, so reads fall through to this one meanwhile). Kept, they served an
+            # object a crash then lost: a flush or a write-through put undone.
+            doomed = [t for t in entry.locations if t != tier] + doomed
+            if len(doomed) > 1 and plan.key in st.pins:
+                return False  # pinned since the plan was made: it stays, with its copy here
+        if len(doomed) == len(entry.locations) and st.tiers[tier].persistent:
             # its last copy, on media: the edges it keeps for its children go on media first
             async with self._departed.leaving(entry.key):
-                if entry.detached or entry.locations != [tier]:
+                if entry.detached or sorted(entry.locations) != sorted(doomed):
                     return False
-                dropped = await self._copies.remove(entry, tier, claim)
+                dropped = await self._remove(entry, doomed, claim)
         else:
-            dropped = await self._copies.remove(entry, tier, claim)
+            dropped = await self._remove(entry, doomed, claim)
         if dropped:
             st.counters.drops += 1
-        st.counters.evictions[st.names[tier]] += 1
         return True
+
+    async def _remove(self, entry: IndexEntry, tiers: list[int], claim: Claim) -> bool:
+        """Remove `entry`'s copies in `tiers`, in order; whether the last removal was the
+        object's last copy."""
+        st = self._st
+        last = False
+        for tier in tiers:
+            last = await self._copies.remove(entry, tier, claim)
+            st.counters.evictions[st.names[tier]] += 1
+        return last
 
     async def _demote(self, entry: IndexEntry, plan: Demote, claim: Claim) -> bool | Settling:
         st = self._st

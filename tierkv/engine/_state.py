@@ -24,7 +24,7 @@ from tierkv.config.schema import (
 from tierkv.engine._budget import ByteBudget
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._guard import Guard
-from tierkv.engine._index import Index
+from tierkv.engine._index import Index, IndexEntry
 from tierkv.engine._keys import KeyGate, Scrub
 from tierkv.engine._latency import Latencies
 from tierkv.engine._space import TierSpace
@@ -150,6 +150,13 @@ class EngineState:
         """Whether `key` has an object, or an operation holds it (a put of it may be about to
         commit, with the parents it just set): the DAG keeps such a key's edges."""
         return key in self.index or self.keys.busy(key)
+
+    def lasting_elsewhere(self, entry: IndexEntry, tier: int) -> bool:
+        """Whether a copy of `entry` other than `tier`'s outlives a restart (in a persistent
+        tier, or in the shared one)."""
+        shared = self.scheduler.shared
+        return any(self.tiers[t].persistent or t == shared for t in entry.locations
+                   if t != tier)
 
     def check_open(self) -> None:
         if self.closing:

@@ -11,6 +11,7 @@ key's value changed; what it wrote and did not commit is scrubbed (`_keys`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 
@@ -48,6 +49,12 @@ class Writes:
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
             rewrites = old is not None or st.dag.has_children(key)
+            # write-through: the old value's persistent copies must not outlive the new one's
+            # acknowledgement either (a tombstone in the log's unsynced head: the new value
+            # deleted later, a crash brought the old one back)
+            superseded = ([tier for tier in old.locations if st.tiers[tier].persistent
+                           and not st.tiers[tier].shared]
+                          if old is not None and self._write_through else [])
             try:
                 if old is not None:
                     await self._copies.discard(old, claim)
@@ -59,7 +66,7 @@ class Writes:
                 placed = await self._copies.store(entry, payload, first, claim)
                 if self._write_through:
                     try:
-                        await self._make_durable(entry, payload, placed, claim)
+                        await self._make_durable(entry, payload, placed, claim, superseded)
                     except BaseException:
                         self._abandon(entry, claim)
                         raise
@@ -98,8 +105,9 @@ class Writes:
                                 f"object of {nbytes} bytes, so none could make it durable")
 
     async def _make_durable(self, entry: IndexEntry, payload: Payload, placed: int,
-                            claim: Claim) -> None:
-        """Write-through: a persistent tier holds the object, on media, before `put` returns."""
+                            claim: Claim, superseded: list[int]) -> None:
+        """Write-through: a persistent tier holds the object, on media, before `put` returns,
+        and the deletes of the old value's copies in the `superseded` tiers are on media too."""
         st = self._st
         if not st.tiers[placed].persistent:
             durable = st.scheduler.durable_tier(entry.nbytes, placed + 1)
@@ -114,7 +122,7 @@ class Writes:
             if not st.tiers[placed].persistent:  # they failed; it fell through to the shared tier
                 raise DeviceError(f"write_through: no persistent tier took an object of "
                                   f"{entry.nbytes} bytes (each failed)")
-        await st.commits[placed].sync()
+        await asyncio.gather(*(st.commits[tier].sync() for tier in {placed, *superseded}))
         if placed not in entry.locations:
             # a failed write dropped the copy, its error raised to an earlier flush: the one
             # that returned here covered none of it
