@@ -98,7 +98,10 @@ class CopyOps:
                     else st.scheduler.next_tier(entry.nbytes, tier))
         if failure is not None:
             raise failure
-        raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
+        # every tier tried can hold the object but made no room: what fills it cannot move out
+        raise TierFullError(f"no tier has room for an object of {entry.nbytes} bytes: each that "
+                            "can hold it is full of objects that cannot be moved out now "
+                            "(pinned, or held by operations in progress)")
 
     async def store_in(self, entry: IndexEntry, payload: Payload, tier: int, claim: Claim, *,
                        wait: bool, insist: bool = False) -> bool:
