@@ -25,6 +25,7 @@ import pytest
 import tierkv
 from tests.engine._configs import hierarchy_config
 from tierkv import DependencyCycleError
+from tierkv.keys import encode_key
 
 ALL = ("gpu", "pmem", "nvme")
 MiB = 1 << 20
@@ -252,6 +253,27 @@ async def test_add_dependency_links_existing_keys(tmp_path: Path) -> None:
         await kv.add_dependency(b"x", b"y")
         assert await kv.invalidate(b"x") == 2
         assert await kv.get(b"y") is None
+
+
+@pytest.mark.uring
+async def test_add_dependency_whose_rewrite_reclaims_the_childs_region_leaves_no_hidden_copy(
+        tmp_path: Path) -> None:
+    """The child's header is rewritten into the log by an append that reclaims the region of
+    its only copy (the log reports it dropped as it appends). The copy written was listed by no
+    entry: a delete found nothing and the reopen served the deleted value."""
+    cfg = {"tiers": [{"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
+                      "capacity": 4 << 20, "region_size": 1 << 20, "reinsert_hits": 0}]}
+    async with tierkv.open(cfg) as kv:
+        await kv.put(b"child", b"OLD" * 66_000)
+        for n in range(11):  # the log's head nearly full: the next append reclaims child's region
+            await kv.put(b"filler%d" % n, bytes(150_000))
+        await kv.add_dependency(b"parent", b"child")
+        await kv.delete(b"child")
+        await kv.flush()
+        assert await kv.get(b"child") is None
+    async with tierkv.open(cfg) as kv:
+        assert await kv.get(b"child") is None
+        assert encode_key(b"child") not in set(kv.tiers[0].keys())  # nothing hidden on media
 
 
 async def test_put_many_links_a_block_keys_chain(tmp_path: Path) -> None:

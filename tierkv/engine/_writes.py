@@ -152,7 +152,7 @@ class Writes:
         A cancelled or failed rewrite leaves each copy with the old header or the new one, both
         the same object; a failed one leaves the edge in memory only (counted and logged)."""
         st = self._st
-        async with st.keys.hold(key):
+        async with st.keys.hold(key) as claim:
             st.check_open()
             entry = st.index.get(key)
             meta = None
@@ -170,14 +170,19 @@ class Writes:
             if meta is None:
                 return
             try:
-                await self._rewrite(entry, meta)
+                await self._rewrite(entry, meta, claim)
             except TierKVError as exc:
                 st.counters.dag_edges_unpersisted += 1
                 log.warning("add_dependency: the edge could not be written into the child's "
                             "header, it lives in memory only: %s", exc)
 
-    async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta) -> None:
-        """`relink`'s rewrite of the persistent copies' headers, the key held."""
+    async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim) -> None:
+        """`relink`'s rewrite of the persistent copies' headers, the key held. A rewrite into
+        the nvme log appends, and the append may reclaim the region of the entry's earlier copy
+        there, which the log reports dropped as it appends: the copy just written is then the
+        object's again, or, if the object left the cache meanwhile (that was its last copy),
+        the key's scrub deletes it. Until session 23 it stayed on media listed by no entry: a
+        later delete found nothing, and a reopen brought the deleted value back."""
         st = self._st
         durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
         if durable:
@@ -185,7 +190,10 @@ class Writes:
             if got is None or entry.detached:
                 return
             for tier in durable:
+                claim.mark(tier)
                 await st.guards[tier].write(st.tiers[tier].put, entry.key, meta, got[1])
+                if tier in entry.locations or st.index.add_copy(entry, tier, st.now()):
+                    claim.clear(tier)
                 await st.commits[tier].sync()
         entry.meta = meta
 
