@@ -51,11 +51,14 @@ from tierkv.tiers.nvme._writes import WRITE_CHUNK, RegionWrites
 class RegionLog:
     """Appending to the head region and recycling regions; see `tierkv.tiers.nvme.tier`."""
 
-    __slots__ = ("_st", "_writes")
+    __slots__ = ("_st", "_writes", "in_transit")
 
     def __init__(self, state: LogState, writes: RegionWrites) -> None:
         self._st = state
         self._writes = writes
+        #: hot entries of a reclaimed victim, out of the index until `_open_head` places them
+        #: (`_take_region` awaits in between): lock-free gets are served from here meanwhile
+        self.in_transit: dict[bytes, HotEntry] = {}
 
     async def append(self, key: bytes, meta: ObjectMeta, header: bytes, *,
                      payload: memoryview | bytes, flags: int, size: int) -> None:
@@ -180,6 +183,7 @@ class RegionLog:
         free = (st.regions.first_free(lambda r: st.reuse_failed or r.failed is None)
                 if spare > keep else None)  # else taking one leaves too few FREE
         region, hot = (free, []) if free is not None else await self._reclaim(room)
+        self.in_transit.update((entry.key, entry) for entry in hot)  # no await since the forget
         try:
             await settle(region.writes)  # a region kept FREE may have its empty header going
             while region.readers:  # reads that began before the index let go of the region
@@ -187,6 +191,8 @@ class RegionLog:
         except BaseException:
             # the hot entries left the index with their region and are not copied back now
             st.counters["entries_dropped"] += len(hot)
+            for entry in hot:
+                self.in_transit.pop(entry.key, None)
             st.drop([entry.key for entry in hot])
             raise
         return region, hot
@@ -218,6 +224,7 @@ class RegionLog:
             size = entry_size(len(entry.header), len(entry.payload), st.grain)
             self.place(entry.key, entry.meta, entry.header, payload=entry.payload, flags=0,
                        size=size)
+            self.in_transit.pop(entry.key, None)
             st.counters["entries_reinserted"] += 1
 
     async def _reclaim(self, room: int) -> tuple[Region, list[HotEntry]]:

@@ -282,7 +282,10 @@ class NvmeTier(Tier):
         st = self._st
         loc = st.index.get(key)
         if loc is None:
-            return None
+            moving = self._log.in_transit.get(key)  # a reclaim is copying it forward
+            if moving is None:
+                return None
+            return moving.meta, memoryview(bytearray(moving.payload))
         region = st.regions[loc.region]
         st.index.touch(key)
         st.tick += 1
@@ -328,7 +331,7 @@ class NvmeTier(Tier):
 
     async def contains(self, key: bytes) -> bool:
         self._check_open()
-        return key in self._st.index
+        return key in self._st.index or key in self._log.in_transit
 
     def keys(self) -> Iterator[bytes]:
         return self._st.index.keys()
