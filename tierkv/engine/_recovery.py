@@ -6,13 +6,21 @@ generations are the same object held twice (inclusive caching). Generations of l
 above the largest one recovered. Every tier opens before any is indexed: a tier that sat out a
 session of the hierarchy is refused or cleared first (`_membership`). If a tier fails to open,
 those already open are closed again.
+The tiers' drop listeners are installed before anything is written at open (a delete of a
+superseded copy, this session's membership record, the engine's own records): a write into a
+full log reclaims a region, and its entries must neither stay listed by the index nor be
+indexed afterwards from the list the tier recovered before the drop. Until the index holds
+everything recovered, a reclaim keeps what it can (the scheduler knows no object yet).
 Objects the engine keeps for itself (`keys.is_engine_key`: the fleet cursor) are not indexed;
 `EngineState.own` lists where they were found.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import time
+from collections.abc import Sequence
 
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._membership import record_membership, settle_membership
@@ -31,12 +39,18 @@ async def open_tiers(state: EngineState) -> None:
         for tier in state.tiers:
             recovered.append(list(await tier.open()))
             opened.append(tier)
+        dropped: list[set[bytes]] = [set() for _ in state.tiers]
+        for index, tier in enumerate(state.tiers):
+            tier.set_drop_listener(functools.partial(_dropped_at_open, state, index,
+                                                     dropped[index]))
+            tier.set_reclaim_worth(_keep_all)
         # before indexing: it settles two copies of a key by generation, and a tier that sat
         # a session out would win with older values (`_membership`)
         kept = await settle_membership(state, recovered)
         for index, tier in enumerate(state.tiers):
             state.counters.recovered[tier.name] += len(recovered[index])
-            await _adopt(state, index, recovered[index])
+            await _adopt(state, index, recovered[index], dropped[index])
+        listen_to_tiers(state)
         await record_membership(state, kept)
         state.counters.recovery_s = time.perf_counter() - started
     except BaseException:
@@ -45,10 +59,38 @@ async def open_tiers(state: EngineState) -> None:
         raise
 
 
-async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredObject]) -> None:
+def listen_to_tiers(state: EngineState) -> None:
+    """Have every tier tell the engine what it drops and frees on its own, and ask the
+    scheduler which entries a reclaim keeps."""
+    for index, tier in enumerate(state.tiers):
+        tier.set_drop_listener(functools.partial(state.dropped, index))
+        tier.set_space_listener(state.spaces[index].freed)
+        if tier.reclaims_space:
+            # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule, but
+            # for the engine's records)
+            tier.set_reclaim_worth(functools.partial(state.scheduler.reclaim_worth, index))
+
+
+def _dropped_at_open(state: EngineState, tier: int, dropped: set[bytes],
+                     keys: Sequence[bytes]) -> None:
+    """A tier dropped copies while the engine indexes what the tiers recovered: those indexed
+    already are forgotten, the others are not indexed (`_adopt`)."""
+    dropped.update(keys)
+    state.dropped(tier, keys)
+
+
+def _keep_all(_key: bytes) -> float:
+    return math.inf
+
+
+async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredObject],
+                 dropped: set[bytes]) -> None:
+    """Index the objects `tier_index` recovered, but those it has `dropped` since."""
     index = state.index
     now = state.now()
     for obj in recovered:
+        if obj.key in dropped:
+            continue
         if obj.key.startswith(PROBE_PREFIX):
             # the profile probe's, left by a process killed between its write and its delete:
             # indexed, it took space and counted as an object for good
@@ -67,6 +109,8 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
             for older in entry.locations:
                 await _delete_superseded(state, older, obj.key)
             entry = None
+        if obj.key in dropped:  # while an older copy was deleted (a write: a reclaim)
+            continue
         if entry is None:
             entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media
         index.add_copy(entry, tier_index, now)

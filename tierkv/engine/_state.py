@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, TierKind, WritePolicy
@@ -150,6 +150,14 @@ class EngineState:
         """Whether `key` has an object, or an operation holds it (a put of it may be about to
         commit, with the parents it just set): the DAG keeps such a key's edges."""
         return key in self.index or self.keys.busy(key)
+
+    def dropped(self, tier: int, keys: Sequence[bytes]) -> None:
+        """`tier` dropped these keys' copies on its own (a reclaim; called as it drops them):
+        the index forgets them."""
+        for key in keys:
+            entry = self.index.get(key)
+            if entry is not None and self.index.remove_copy(entry, tier):
+                self.counters.drops += 1
 
     def lasting_elsewhere(self, entry: IndexEntry, tier: int) -> bool:
         """Whether a copy of `entry` other than `tier`'s outlives a restart (in a persistent

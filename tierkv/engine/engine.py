@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -119,13 +118,6 @@ class Engine(ReadCalls, ObserveCalls):
             await self._departed.recover()
             self._closed = False
             self._executor.start()
-            for index, tier in enumerate(self.tiers):
-                tier.set_drop_listener(functools.partial(self._dropped, index))
-                tier.set_space_listener(st.spaces[index].freed)
-                if tier.reclaims_space:
-                    # which copies a reclaimed region keeps is policy (`lru`: the tier's own
-                    # rule, but for the engine's records)
-                    tier.set_reclaim_worth(functools.partial(st.scheduler.reclaim_worth, index))
             self._background.start()
             await self._shared.start(self._invalidations.forget)
         except BaseException:
@@ -160,14 +152,6 @@ class Engine(ReadCalls, ObserveCalls):
             await self._invalidations.descendants(key, barrier=False)
 
         self._st.spawn(invalidate())
-
-    def _dropped(self, tier: int, keys: Sequence[bytes]) -> None:
-        """A tier that reclaims space dropped these keys' copies (called as it drops them)."""
-        st = self._st
-        for key in keys:
-            entry = st.index.get(key)
-            if entry is not None and st.index.remove_copy(entry, tier):
-                st.counters.drops += 1
 
     async def close(self) -> None:
         """Finish what is in flight, flush to the persistent tiers (so a restart finds the
