@@ -52,10 +52,13 @@ async def test_group_commit_shares_flushes(config: Config) -> None:
     assert flushes[False] == 256  # one per put
     assert flushes[True] < flushes[False]
     assert rows[0].baseline_name == "one flush per put"
+    deletes = result["deletes_per_s"]
+    assert deletes["write_through"] > 0 and deletes["write_back"] > 0
+    assert rows[1].baseline_name == "write_back delete (not synced)"
     # fio (scripts/setup installs it) measures the device's ceiling beside it
     assert result["fio_writes_per_s"]["fdatasync every 1"] > 0
     assert result["fio_writes_per_s"]["fdatasync every 8"] > 0
-    assert rows[1].baseline_name == "fdatasync every write"
+    assert rows[2].baseline_name == "fdatasync every write"
 
 
 async def test_put_latency_while_spilling_compares_the_linger_with_none(config: Config) -> None:

@@ -13,7 +13,9 @@
   log, group commit on beside off (one flush per put) (goal ≥ 3x); and what the device allows
   it: fio's rate of the same writes into a fresh file with an fdatasync after every eighth
   beside after every one (eight tasks' puts sharing each flush is the most group commit can
-  do), so that the ratio is read against its ceiling on this disk.
+  do), so that the ratio is read against its ceiling on this disk. Then the same 8 tasks delete
+  the objects: a write-through delete returns once it is on media (sharing the log's flushes
+  too), beside the same deletes under ``write_back`` (not synced), what that durability costs.
 
 Engine and baseline runs alternate and the best of `repeats` is kept on each side, so a burst of
 load from a neighbour hits both alike. The tiers are made for the benchmark beside the ones the
@@ -90,7 +92,11 @@ async def _run(kv: Engine, keys: Sequence[bytes], value: bytes, op: str) -> floa
         if await kv.get(key) is None:
             raise RuntimeError("a benchmark object was lost")
 
-    return await drive(keys, TASKS, put if op == "put" else get)
+    async def delete(key: bytes) -> None:
+        if not await kv.delete(key):
+            raise RuntimeError("a benchmark object was lost")
+
+    return await drive(keys, TASKS, {"put": put, "get": get, "delete": delete}[op])
 
 
 async def _bandwidth_case(label: str, config: dict[str, Any], count: int, *, repeats: int,
@@ -248,31 +254,40 @@ async def write_through_group_commit(config: Config, *, quick: bool = False, rep
     value = os.urandom(size)
     best = {True: 0.0, False: 0.0}
     flushes = {True: 0, False: 0}
+    deletes = {"write_through": 0.0, "write_back": 0.0}
     ceiling: dict[int, float] | None = None
+    keys = [b"wt-%d" % i for i in range(count)]
     for repeat in range(repeats):
         progress("write-through group commit", repeat, repeats)
-        for group in (True, False):
+        for group, policy in ((True, "write_through"), (False, "write_through"),
+                              (None, "write_back")):
             with scratch(places.nvme_dir, ".log") as log:
                 nvme = {"name": "nvme", "kind": "nvme", "path": str(log),
                         "capacity": max(count * (size + 8192) * 2, 256 * MiB),
                         "region_size": "16MiB", "format": True}
-                engine = {"write_policy": "write_through", "group_commit": group}
+                engine = {"write_policy": policy, "group_commit": group is not False}
                 async with open({"engine": engine, "tiers": [nvme]}) as kv:
-                    keys = [b"wt-%d" % i for i in range(count)]
                     seconds = await _run(kv, keys, value, "put")
-                    best[group] = max(best[group], count / seconds)
-                    flushes[group] = kv.stats()["engine"]["group_commits"]["nvme"]["flushes"]
+                    if group is not None:
+                        best[group] = max(best[group], count / seconds)
+                        flushes[group] = kv.stats()["engine"]["group_commits"]["nvme"]["flushes"]
+                    if group is not False:
+                        rate = count / await _run(kv, keys, value, "delete")
+                        deletes[policy] = max(deletes[policy], rate)
         ceiling = _sync_ceiling(places.nvme_dir, size, count * size, ceiling)
     progress("write-through group commit", repeats, repeats)
     rows = [Row(f"write-through put 256KiB, {TASKS} tasks, nvme, group commit "
                 f"({flushes[True]} flushes for {count} puts)", "puts/s", best[True],
-                baseline=best[False], baseline_name="one flush per put", target=3.0)]
+                baseline=best[False], baseline_name="one flush per put", target=3.0),
+            Row(f"write-through delete, {TASKS} tasks, nvme, on media when it returns",
+                "deletes/s", deletes["write_through"], baseline=deletes["write_back"],
+                baseline_name="write_back delete (not synced)")]
     if ceiling is not None:
         rows.append(Row(f"device ceiling of group commit: fio 256KiB O_DIRECT writes to a fresh "
                         f"file, fdatasync every {TASKS}", "writes/s", ceiling[TASKS],
                         baseline=ceiling[1], baseline_name="fdatasync every write"))
     return {"puts_per_s": {"group": best[True], "per_put": best[False]},
-            "flushes": flushes,
+            "flushes": flushes, "deletes_per_s": deletes,
             "fio_writes_per_s": None if ceiling is None else
             {f"fdatasync every {n}": rate for n, rate in ceiling.items()}}, rows
 

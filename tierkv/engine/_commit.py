@@ -12,6 +12,12 @@ just released, who write again at once, join it instead of waiting for one more:
 write-through puts in a loop cost about one flush per round of eight, not eight. A flush runs as
 a task of its own: a caller cancelled while waiting does not cancel it.
 
+The engine notes each change it makes to the tier that only a flush makes durable (`note`: a
+delete, whose tombstone in the nvme log waits in the head buffer); `pending` says whether one
+was made since the last flush that started after it, so that a write-through delete syncs the
+tiers that hold unsynced deletes of its key — the expiry of an older value included — without
+tracking keys.
+
 A caller that can wait asks with a `linger`: a flush started for it waits up to that long for
 more callers first (a caller without one starts it at once, and `hurry` starts it from outside).
 Demotions out of a persistent tier linger while no writer waits for their source's room: they
@@ -45,6 +51,18 @@ class GroupCommit:
         #: flushes run and the callers they served, for stats
         self.flushes = 0
         self.requests = 0
+        #: changes noted (`note`), and how many of them the last flush to end covered
+        self._changes = 0
+        self._covered_changes = 0
+
+    def note(self) -> None:
+        """A change only a flush makes durable was made (a delete)."""
+        self._changes += 1
+
+    @property
+    def pending(self) -> bool:
+        """Whether a change was noted that no completed flush covers."""
+        return self._changes > self._covered_changes
 
     async def sync(self, *, linger: float = 0.0) -> None:
         """Return once a flush that started after this call began has completed; raise its
@@ -53,7 +71,7 @@ class GroupCommit:
         self.requests += 1
         if not self.enabled:
             self.flushes += 1
-            await self._flush()
+            await self._covering_changes()
             return
         self._tickets += 1
         ticket = self._tickets
@@ -87,7 +105,13 @@ class GroupCommit:
                 await asyncio.wait_for(flush.hurry.wait(), linger)
         flush.covered = self._tickets
         self.flushes += 1
+        await self._covering_changes()
+
+    async def _covering_changes(self) -> None:
+        """One flush, which covers the changes noted before it began."""
+        changes = self._changes
         await self._flush()
+        self._covered_changes = max(self._covered_changes, changes)
 
     def _ended(self, flush: _Flush) -> None:
         if self._running is flush:

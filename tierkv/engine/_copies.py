@@ -179,6 +179,7 @@ class CopyOps:
         except DeviceError as exc:
             st.device_failed(tier, "a delete", exc)
             return False
+        st.commits[tier].note()
         st.spaces[tier].freed()
         return True
 
@@ -199,5 +200,6 @@ class CopyOps:
                                 st.names[tier], exc)
                 else:
                     st.counters.orphans_scrubbed += existed
+                    st.commits[tier].note()
                     st.spaces[tier].freed()
             dirty.discard(tier)

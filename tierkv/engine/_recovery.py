@@ -68,7 +68,15 @@ def listen_to_tiers(state: EngineState) -> None:
         if tier.reclaims_space:
             # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule, but
             # for the engine's records)
-            tier.set_reclaim_worth(functools.partial(state.scheduler.reclaim_worth, index))
+            tier.set_reclaim_worth(functools.partial(_reclaim_worth, state, index))
+
+
+def _reclaim_worth(state: EngineState, tier: int, key: bytes) -> float | None:
+    """The scheduler's worth of `key`'s copy in `tier`, but for a copy a write-through put
+    waits to see flushed: that is worth keeping at any price."""
+    if key in state.syncing:
+        return math.inf
+    return state.scheduler.reclaim_worth(tier, key)
 
 
 def _dropped_at_open(state: EngineState, tier: int, dropped: set[bytes],

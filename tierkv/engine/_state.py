@@ -104,6 +104,10 @@ class EngineState:
         self.commits = tuple(
             GroupCommit(functools.partial(guard.settle, tier.flush), enabled=group)
             for tier, guard in zip(tiers, self.guards, strict=True))
+        #: keys whose write-through put waits for its copy's flush: a reclaim of the log
+        #: keeps their entries (`_recovery.listen_to_tiers`), lest the put lose its copy
+        #: between its write and the flush that makes it durable
+        self.syncing: set[bytes] = set()
         #: public calls in progress, and the event close waits on for them to end
         self.active = 0
         self.quiet = asyncio.Event()

@@ -63,13 +63,20 @@ class Writes:
                 if first is None:
                     self._check_breakers(entry.nbytes, 0, persistent=False)
                     raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
-                placed = await self._copies.store(entry, payload, first, claim)
-                if self._write_through:
+                if not self._write_through:
+                    await self._copies.store(entry, payload, first, claim)
+                else:
+                    # until its flush has returned, a reclaim of the log keeps the new copy
+                    st.syncing.add(key)
                     try:
-                        await self._make_durable(entry, payload, placed, claim, superseded)
-                    except BaseException:
-                        self._abandon(entry, claim)
-                        raise
+                        placed = await self._copies.store(entry, payload, first, claim)
+                        try:
+                            await self._make_durable(entry, payload, placed, claim, superseded)
+                        except BaseException:
+                            self._abandon(entry, claim)
+                            raise
+                    finally:
+                        st.syncing.discard(key)
             except BaseException:
                 # the old value is gone and the new one is not there: what derives from the old
                 # one must go too, and no copy of it elsewhere (a shared tier's, whose delete
@@ -122,12 +129,21 @@ class Writes:
             if not st.tiers[placed].persistent:  # they failed; it fell through to the shared tier
                 raise DeviceError(f"write_through: no persistent tier took an object of "
                                   f"{entry.nbytes} bytes (each failed)")
+        errors = st.counters.device_errors
         await asyncio.gather(*(st.commits[tier].sync() for tier in {placed, *superseded}))
+        if placed not in entry.locations and not entry.detached:
+            # a failed write dropped the copy, its error raised to an earlier flush, or a
+            # reclaim found no room to keep it (a log full of copies waiting for their
+            # flush): the flush that returned here covered none of it; written once more
+            placed = await self._copies.store(entry, payload, placed, claim)
+            await st.commits[placed].sync()
         if placed not in entry.locations:
-            # a failed write dropped the copy, its error raised to an earlier flush: the one
-            # that returned here covered none of it
-            raise DeviceError(f"write_through: tier {st.names[placed]!r} lost the copy in a "
-                              "failed write before it reached media")
+            why = (f"write_through: tier {st.names[placed]!r} dropped the copy before it "
+                   "reached media, twice")
+            if st.counters.device_errors > errors:
+                raise DeviceError(f"{why} (its writes failed)")
+            raise TierFullError(f"{why}: a reclaim found no room to keep it (too small for "
+                                "the write-through puts in flight)")
 
     def _check_breakers(self, nbytes: int, start: int, *, persistent: bool) -> None:
         """`TierUnavailableError` when the tiers from `start` that could hold `nbytes` (the
@@ -223,4 +239,17 @@ class Writes:
                 await self._copies.discard(entry, claim, keep_shared=keep_shared)
             if on_server and shared is not None and not held_shared:
                 await self._copies.delete(key, shared)
+            if entry is not None and self._write_through:
+                await self._sync_deletes()
             return entry is not None
+
+    async def _sync_deletes(self) -> None:
+        """Write-through: a delete that returned is on media. Every persistent tier holding a
+        delete not yet synced is synced, not only those the deleted value was in: an older
+        value of the key that left the log earlier (expired, its tombstone unsynced) would
+        otherwise come back after a crash, once the delete removed the newer one from a tier
+        that frees at once (the pool)."""
+        st = self._st
+        await asyncio.gather(*(st.commits[tier].sync() for tier, device in enumerate(st.tiers)
+                               if device.persistent and not device.shared
+                               and st.commits[tier].pending))
