@@ -42,9 +42,9 @@ async def test_a_copy_reclaimed_before_its_flush_is_not_a_device_error(tmp_path:
             results += await asyncio.gather(*(put(key, round_) for key in range(CONCURRENT)))
         assert "ok" in results
         assert kv.stats()["engine"]["device_errors"] == 0
-        for key, round_ in outcome.items():
+        for key, held in outcome.items():
             got = await kv.get(f"k{key}")
-            if round_ is not None and got is not None:
-                assert got == value(key, round_)
+            if held is not None and got is not None:
+                assert got == value(key, held)
             elif got is not None:
                 assert got in [value(key, r) for r in range(5)]
