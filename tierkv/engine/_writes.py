@@ -21,7 +21,13 @@ from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState, log
-from tierkv.errors import DeviceError, TierFullError, TierKVError, TierUnavailableError
+from tierkv.errors import (
+    CorruptObjectError,
+    DeviceError,
+    TierFullError,
+    TierKVError,
+    TierUnavailableError,
+)
 from tierkv.formats.header import check_header
 from tierkv.formats.value import ObjectMeta, Payload
 
@@ -166,7 +172,11 @@ class Writes:
         entry's meta). `LimitExceededError` when the new header could not be read back and
         `DependencyCycleError` when `parent` derives from `key`, both before anything changes.
         A cancelled or failed rewrite leaves each copy with the old header or the new one, both
-        the same object; a failed one leaves the edge in memory only (counted and logged)."""
+        the same object. Where a rewrite fails (a full pool: the rewrite allocates before it
+        frees; a failing device), the persistent copies it did not rewrite are removed, synced
+        (counted and logged): kept, a restart would lose the edge, and a new value of `parent`
+        would leave `key` readable. The object stays where other copies hold it (a volatile
+        copy writes the new header when it moves down), or leaves the cache."""
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
@@ -185,32 +195,57 @@ class Writes:
                 return
             if meta is None:
                 return
+            rewritten: set[int] = set()
             try:
-                await self._rewrite(entry, meta, claim)
+                await self._rewrite(entry, meta, claim, rewritten)
             except TierKVError as exc:
                 st.counters.dag_edges_unpersisted += 1
                 log.warning("add_dependency: the edge could not be written into the child's "
-                            "header, it lives in memory only: %s", exc)
+                            "header (%s); its persistent copies without it are removed", exc)
+                await self._remove_unlinked(entry, meta, claim, rewritten)
 
-    async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim) -> None:
+    async def _remove_unlinked(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
+                               rewritten: set[int]) -> None:
+        """After a failed `_rewrite`: remove `entry`'s persistent copies whose header lacks the
+        new edge (not in `rewritten`), each delete synced; the entry takes the new header."""
+        st = self._st
+        stale = [tier for tier in entry.locations
+                 if st.tiers[tier].persistent and tier not in rewritten]
+        leaving: contextlib.AbstractAsyncContextManager[None] = (
+            self._departed.leaving(entry.key) if stale and len(stale) == len(entry.locations)
+            else contextlib.nullcontext())
+        async with leaving:  # its last copies: the edges it keeps go on media first
+            for tier in stale:
+                if tier in entry.locations:
+                    await self._copies.remove(entry, tier, claim)
+        await asyncio.gather(*(st.commits[tier].sync() for tier in stale))
+        if not entry.detached:
+            entry.meta = meta
+
+    async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
+                       rewritten: set[int]) -> None:
         """`relink`'s rewrite of the persistent copies' headers, the key held. A rewrite into
         the nvme log appends, and the append may reclaim the region of the entry's earlier copy
         there, which the log reports dropped as it appends: the copy just written is then the
         object's again, or, if the object left the cache meanwhile (that was its last copy),
         the key's scrub deletes it. Until session 23 it stayed on media listed by no entry: a
-        later delete found nothing, and a reopen brought the deleted value back."""
+        later delete found nothing, and a reopen brought the deleted value back. The tiers
+        whose copy has the new header, synced, go into `rewritten`."""
         st = self._st
         durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
         if durable:
             got = await self._copies.read(entry, entry.locations[0])
-            if got is None or entry.detached:
+            if entry.detached:
                 return
+            if got is None:
+                raise CorruptObjectError("the copy read for the rewrite failed")
             for tier in durable:
                 claim.mark(tier)
                 await st.guards[tier].write(st.tiers[tier].put, entry.key, meta, got[1])
                 if tier in entry.locations or st.index.add_copy(entry, tier, st.now()):
                     claim.clear(tier)
                 await st.commits[tier].sync()
+                rewritten.add(tier)
         entry.meta = meta
 
     async def delete(self, key: bytes, *, keep_shared: bool = False,

@@ -30,7 +30,8 @@ class EngineCounters:
     cascaded: int = 0
     #: edges named by recovered headers that would have closed a cycle (damage): not restored
     dag_edges_refused: int = 0
-    #: `add_dependency` edges whose child's header could not be rewritten (memory only)
+    #: `add_dependency` edges whose child's header could not be rewritten (the persistent
+    #: copies without the edge were removed)
     dag_edges_unpersisted: int = 0
     #: flushes that could not record the edges into keys whose objects left (`_departed`)
     departed_edges_unrecorded: int = 0
