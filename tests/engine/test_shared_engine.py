@@ -31,6 +31,7 @@ import torch
 import tierkv
 from tests.engine._configs import KiB, gpu_tier, pmem_tier
 from tierkv.keys import encode_key
+from tierkv.testing.faults import FaultPlan, open_with_faults
 from tierkv.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -473,3 +474,26 @@ async def test_sharing_over_a_cluster(redis_cluster_nodes: list[str]) -> None:
         assert await a.invalidate(b"P") == 13
         await eventually(lambda: dropped(b, b"P", *keys))
         assert await b.get_many([b"P", *keys]) == [None] * 13
+
+
+async def test_a_record_read_while_this_engine_invalidates_the_key_is_not_adopted(
+        redis_url: str) -> None:
+    # B's delete of the key on the server lags (50 ms): its own get reads the record meanwhile,
+    # after B's local delete and before the tomb; adopted, it stayed, for B skips its own
+    # entries in the log
+    plan = FaultPlan.parse(f"{SHARED}:latency=1@50ms;ops=delete", seed=1)
+    async with tierkv.open(shared_config(url=redis_url)) as a:
+        await a.put(b"K", b"old value")
+        await a.settle()
+        b = await open_with_faults(shared_config(url=redis_url), plan)
+        try:
+            async def get_during_the_invalidation() -> Any:
+                await asyncio.sleep(0.01)
+                return await b.get(b"K")
+
+            await asyncio.gather(get_during_the_invalidation(), b.invalidate(b"K"))
+            assert plan.fired, "the server delete did not lag: the test lost its point"
+            assert await b.get(b"K") is None
+            assert not await b.contains(b"K")
+        finally:
+            await b.close()

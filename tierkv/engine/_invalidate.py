@@ -21,6 +21,8 @@ runs here `local`ly: local copies deleted, shared copies only forgotten, nothing
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tierkv._concurrency import outlive_cancel
 from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState
@@ -43,8 +45,10 @@ class Invalidations:
         return await outlive_cancel(self._invalidate(key, local))
 
     async def _invalidate(self, key: bytes, local: bool) -> int:
-        removed = int(await self._writes.delete(key, keep_shared=local))
-        return removed + await self.descendants(key, local=local, barrier=True)
+        with self._shared.invalidating() as hold:
+            hold(key)
+            removed = int(await self._writes.delete(key, keep_shared=local))
+            return removed + await self._descendants(key, local, True, hold)
 
     async def below(self, key: bytes) -> int:
         """Remove everything derived from `key`, a node that holds no value (a model version,
@@ -67,12 +71,20 @@ class Invalidations:
     async def descendants(self, key: bytes, *, local: bool = False, barrier: bool) -> int:
         """Remove everything derived from `key` (not `key` itself), durably; how many.
         `barrier`: sync the persistent tiers even if nothing derives from `key`."""
-        removed, doomed = await self._cascade(key, local, barrier)
+        with self._shared.invalidating() as hold:
+            return await self._descendants(key, local, barrier, hold)
+
+    async def _descendants(self, key: bytes, local: bool, barrier: bool,
+                           hold: Callable[[bytes], None]) -> int:
+        """`descendants`, each key doomed held back from adoption (`Shared.invalidating`)
+        until the fleet has been told."""
+        removed, doomed = await self._cascade(key, local, barrier, hold)
         if not local:
             await self._shared.publish([key, *(k for k in doomed if k != key)])
         return removed
 
-    async def _cascade(self, key: bytes, local: bool, barrier: bool) -> tuple[int, set[bytes]]:
+    async def _cascade(self, key: bytes, local: bool, barrier: bool,
+                       hold: Callable[[bytes], None]) -> tuple[int, set[bytes]]:
         st = self._st
         doomed = {key}
         if not barrier and not st.dag.has_children(key):
@@ -90,6 +102,7 @@ class Invalidations:
             synced = False
             for child in pending:
                 doomed.add(child)
+                hold(child)
                 if await self._writes.delete(child, keep_shared=local):
                     removed += 1
                     st.counters.cascaded += 1

@@ -6,7 +6,10 @@ index does not know is looked up there (`lookup`: one pipelined round trip per b
 `get_many`'s misses); a record found is *adopted*: indexed here with a local generation, its
 parents linked in the DAG, and promoted per policy (a copy: the shared copy stays). A record is
 refused (a miss) when it predates an invalidation of its key or of an ancestor it can be traced
-to — through the records of the same lookup and this engine's DAG (`Fleet.stale`).
+to — through the records of the same lookup and this engine's DAG (`Fleet.stale`), or while
+this engine invalidates one of them (`invalidating`): from before its local delete until the
+entry's tomb is set, a record the lookup read before the server delete would otherwise be
+adopted after the local delete, and stay (the engine skips its own entries in the log).
 
 Every put is copied to the shared tier in the background (`share`, a `Share` plan): the next
 engine that misses finds it there.
@@ -21,10 +24,12 @@ be newer). An engine whose unread entries were trimmed from the log drops everyt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._commit import GroupCommit
@@ -60,8 +65,8 @@ Forget = Callable[[bytes], Awaitable[int]]
 
 
 class Shared:
-    __slots__ = ("_down", "_executor", "_forget", "_republishing", "_saving", "_st",
-                 "_stamps", "_stopped", "_unpublished", "index", "tier")
+    __slots__ = ("_down", "_executor", "_forget", "_held_back", "_republishing", "_saving",
+                 "_st", "_stamps", "_stopped", "_unpublished", "index", "tier")
 
     def __init__(self, state: EngineState, executor: MoveExecutor) -> None:
         self._st = state
@@ -82,6 +87,30 @@ class Shared:
         self._stopped = False
         #: one save of the fleet cursor at a time (`save_cursor`)
         self._saving = GroupCommit(self._save_cursor)
+        #: keys this engine is invalidating, with how many invalidations hold each
+        #: (`invalidating`): no record of them is adopted meanwhile
+        self._held_back: Counter[bytes] = Counter()
+
+    @contextlib.contextmanager
+    def invalidating(self) -> Iterator[Callable[[bytes], None]]:
+        """For one invalidation: a function that holds a key back, called before the key is
+        deleted locally; no record of a key held back is adopted until the block ends (after
+        `publish` set the tombs, or kept the keys to publish again)."""
+        marked: set[bytes] = set()
+        held = self._held_back
+
+        def hold(key: bytes) -> None:
+            if self.tier is not None and key not in marked:
+                marked.add(key)
+                held[key] += 1
+
+        try:
+            yield hold
+        finally:
+            for key in marked:
+                held[key] -= 1
+                if held[key] <= 0:
+                    del held[key]
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
@@ -221,7 +250,8 @@ class Shared:
         """Index `record` as this engine's copy of `key` (no await: one step)."""
         st, tier, index = self._st, self.tier, self.index
         assert tier is not None and tier.fleet is not None and index is not None
-        if tier.fleet.stale(record.stamp, [key, *self._ancestors(record, batch)]):
+        traced = [key, *self._ancestors(record, batch)]
+        if tier.fleet.stale(record.stamp, traced) or any(k in self._held_back for k in traced):
             st.counters.shared_stale += 1
             return None
         if key in st.index or st.keys.busy(key):
