@@ -93,6 +93,10 @@ def test_bad_url(url: Any) -> None:
     "redis://h:abc", "redis://h:99999", "redis://h:0", "redis://[::1", "redis://[::1:6379",
     "redis://127.0.0.1:1/0?socket_timeout=abc", "redis://127.0.0.1:1/0?max_connections=x",
     "redis://127.0.0.1:1/0?bogus=1", "unix:///run/redis.sock?db=abc",
+    # these crashed the CLI with redis-py's own errors, or loaded and failed at open
+    "rediss://127.0.0.1:1/0?ssl_cert_reqs=bogus", "redis://127.0.0.1:1/0?protocol=9",
+    "redis://127.0.0.1:1/0?retry=x", "redis://127.0.0.1:1/0?decode_responses=true",
+    "redis://127.0.0.1:1/0?encoding=nonexistent-codec",
 ], ids=repr)
 def test_a_url_the_client_would_refuse_is_refused_at_load(url: str) -> None:
     # these loaded, then failed at open (naming tiers.shared.url) or with a traceback

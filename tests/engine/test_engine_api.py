@@ -126,6 +126,18 @@ async def test_put_many_and_get_many_keep_order() -> None:
         assert got == [bytes([4]), None, bytes([0]), b"2"]
 
 
+@pytest.mark.parametrize("items", [
+    [("a", b"1"), ("b", None)], [("a", b"1"), (3, b"x")], [("a", b"1"), ("e",)],
+    [("a", b"1"), "e"], {"a": b"1", "b": 5}, None, "ab", b"ab",
+], ids=repr)
+async def test_put_many_checks_every_item_before_it_stores_any(items: Any) -> None:
+    # the first items were stored, and the bad one raised when its turn came
+    async with tierkv.open(l1_config()) as kv:
+        with pytest.raises(TypeError, match=r"put_many|key|value"):
+            await kv.put_many(items)
+        assert not await kv.contains("a")
+
+
 async def test_calls_that_take_many_keys_take_any_iterable_once() -> None:
     async with tierkv.open(l1_config()) as kv:
         await kv.put_many((f"k{i}", bytes([i])) for i in range(3))

@@ -256,6 +256,13 @@ def test_sparse_tensors_are_refused() -> None:
         encode_value(torch.eye(3).to_sparse())
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensors_are_refused() -> None:
+    # a nested tensor's layout reads as strided; its shape raised torch's RuntimeError
+    with pytest.raises(TypeError, match="dense strided"):
+        encode_value(torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]))
+
+
 def test_tensors_without_data_are_refused() -> None:
     with pytest.raises(TypeError):
         encode_value(torch.empty(3, device="meta"))

@@ -20,6 +20,11 @@ _NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: query parameters refused in a url: `display_url` (messages, `tierkv info`) shows the query
 _SECRET_PARAMETERS = ("password", "ssl_password")
+#: query parameters that change what the client answers or how it retries and speaks: the tier
+#: reads bytes, retries through its own breaker and speaks RESP2 (decode_responses=true made
+#: the fleet's survey fail at open with a UnicodeDecodeError)
+_TIER_PARAMETERS = ("decode_responses", "encoding", "encoding_errors", "retry",
+                    "connection_class", "parser_class", "protocol")
 #: query parameters of a url that name files, which redis-py hands to the ssl module
 _FILE_PARAMETERS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 #: the longest key prefix (a key's prefix is repeated in every key on the server)
@@ -131,6 +136,8 @@ def _check_query(t: Table, url: str, query: str) -> None:
             raise t.error("url", f"{name} must not be in the query, which messages and `tierkv "
                                  "info` show (a server password goes before the host, "
                                  "redis://:PASSWORD@host:port, or in password_env)")
+        if name in _TIER_PARAMETERS:
+            raise t.error("url", f"{name} is the tier's to set, not the url's")
         if name.startswith("ssl_") and not url.startswith("rediss://"):
             raise t.error("url", f"{name} needs a rediss:// URL (TLS)")
 
@@ -142,6 +149,7 @@ def _check_with_client(t: Table, url: str) -> None:
     it."""
     try:
         from redis.asyncio import ConnectionPool
+        from redis.exceptions import RedisError
     except ImportError:
         return
     try:
@@ -150,6 +158,8 @@ def _check_with_client(t: Table, url: str) -> None:
     except ValueError as exc:  # quotes a parameter's name or the scheme, not credentials
         raise t.error("url", str(exc)) from None
     except TypeError as exc:  # an unexpected keyword argument: quotes its name
+        raise t.error("url", f"a query parameter redis-py refuses: {exc}") from None
+    except RedisError as exc:  # ssl_cert_reqs=bogus: quotes the flag, not credentials
         raise t.error("url", f"a query parameter redis-py refuses: {exc}") from None
 
 

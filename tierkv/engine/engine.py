@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 
@@ -61,7 +61,7 @@ from tierkv.engine._tracing import (
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
-from tierkv.formats.value import Value, encode_value
+from tierkv.formats.value import Value, check_value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
 from tierkv.tiers.base import Tier
 
@@ -267,8 +267,9 @@ class Engine(ReadCalls, ObserveCalls):
         leaves go first) and `prefetch` can follow it, without the caller passing parents.
         Blocks of several prompts may be mixed in one call: each is linked to its own parent
         only (a key put just before it is not taken for its parent), and a `BlockKey` built
-        without a `parent_digest` is linked to none."""
-        pairs = items.items() if isinstance(items, Mapping) else items
+        without a `parent_digest` is linked to none. The `TypeError`s and `ValueError`s of bad
+        items are raised before anything is stored."""
+        pairs = _checked_pairs(items)
         blocks: dict[tuple[bytes, float], BlockKey] = {}
         with self._span(PUT_MANY) as span:
             count = 0
@@ -382,3 +383,31 @@ class Engine(ReadCalls, ObserveCalls):
         """The span of a public call (`_tracing`), or a no-op block yielding None."""
         tracing = self._st.tracing
         return contextlib.nullcontext() if tracing is None else tracing.call(name, raw)
+
+
+def _checked_pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
+                   ) -> list[tuple[KeyT, ValueT]]:
+    """`put_many`'s items as a list of pairs, each key and value checked as `put` checks
+    them: a bad item raised only when its turn came, after the items before it were stored."""
+    if isinstance(items, Mapping):
+        pairs = list(items.items())
+    else:
+        what = "put_many takes a mapping or an iterable of (key, value) pairs"
+        if isinstance(items, str | bytes | bytearray | memoryview):
+            raise TypeError(f"{what}, not a single {type(items).__name__}")
+        try:
+            listed: list[object] = list(items)
+        except TypeError:
+            if hasattr(items, "__iter__"):
+                raise  # raised while iterating: the iterable's own error
+            raise TypeError(f"{what}, not {type(items).__name__}") from None
+        pairs = []
+        for item in listed:
+            if not isinstance(item, tuple) or len(item) != 2:
+                raise TypeError(f"{what}; an item is a {type(item).__name__}"
+                                + (f" of {len(item)}" if isinstance(item, tuple) else ""))
+            pairs.append(cast("tuple[KeyT, ValueT]", item))
+    for key, value in pairs:
+        encode_key(key)
+        check_value(value)
+    return pairs

@@ -107,18 +107,7 @@ def validate_meta(kind: ValueKind, dtype: str, shape: tuple[int, ...], nbytes: i
 def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[ObjectMeta, Payload]:
     """Split a value into its meta and a flat payload (see the module docstring)."""
     if isinstance(value, torch.Tensor):
-        name = _DTYPE_NAMES.get(value.dtype)
-        if name is None:
-            raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
-        if value.is_sparse or value.layout is not torch.strided:
-            raise TypeError("only dense strided tensors can be stored")
-        if value.is_meta:
-            # shape and dtype without storage: there are no bytes to copy, and the tiers' copies
-            # would fail deep inside with torch's NotImplementedError
-            raise TypeError("a tensor on the meta device has no data to store")
-        exceeded = shape_limit(tuple(value.shape))
-        if exceeded is not None:
-            raise exceeded
+        name = _checked_tensor(value)
         resolved = value.detach().resolve_conj().resolve_neg()
         flat = resolved.contiguous().reshape(-1)
         if flat.numel() == 1 and flat.stride(0) != 1:
@@ -130,6 +119,32 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
         return meta, flat
     view = _byte_view(value)
     return ObjectMeta(ValueKind.BYTES, "", (), view.nbytes, 0, parents), view
+
+
+def check_value(value: Value) -> None:
+    """The `TypeError` or `ValueError` `encode_value` would raise for `value`, without
+    encoding it (no copy of a tensor that is not contiguous)."""
+    if isinstance(value, torch.Tensor):
+        _checked_tensor(value)
+    else:
+        _byte_view(value)
+
+
+def _checked_tensor(value: torch.Tensor) -> str:
+    """The name of the tensor's dtype; `TypeError`/`ValueError` for a tensor not stored."""
+    name = _DTYPE_NAMES.get(value.dtype)
+    if name is None:
+        raise TypeError(f"tensors of dtype {value.dtype} cannot be stored")
+    if value.is_sparse or value.layout is not torch.strided or value.is_nested:
+        raise TypeError("only dense strided tensors can be stored")
+    if value.is_meta:
+        # shape and dtype without storage: there are no bytes to copy, and the tiers' copies
+        # would fail deep inside with torch's NotImplementedError
+        raise TypeError("a tensor on the meta device has no data to store")
+    exceeded = shape_limit(tuple(value.shape))
+    if exceeded is not None:
+        raise exceeded
+    return name
 
 
 def _byte_view(value: Buffer) -> memoryview:
