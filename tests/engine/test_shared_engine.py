@@ -193,9 +193,10 @@ async def test_an_invalidation_reaches_the_other_engine(pair: list[tierkv.Engine
     assert await a.invalidate(b"P") == 3
     await eventually(lambda: dropped(b, b"P", b"C", b"D", b"E"))
     assert await b.get_many([b"P", b"C", b"D", b"E"]) == [None] * 4
-    # E's record is still on the server (B wrote it), but it derives from an invalidated key
+    # E derives from an invalidated key, which A did not know: B deleted its record on the
+    # server and told the fleet (A's entry named P, C and D only)
     assert await a.get(b"E") is None
-    assert engine_stats(a)["shared_stale"] >= 1
+    assert tier_stats(b)["invalidations_published"] == 1
     assert engine_stats(b)["remote_invalidated"] >= 4
     assert tier_stats(b)["invalidations_received"] >= 1
     assert await b.get(b"other") == b"unrelated"
@@ -214,12 +215,12 @@ async def test_invalidate_model_reaches_the_other_engine(pair: list[tierkv.Engin
     await b.settle()
     assert await a.invalidate_model("m@1") == len(shared_blocks)
     await eventually(lambda: dropped(b, *shared_blocks, *own_blocks))
-    # gone, and not adopted again from the server: B's own blocks' records are still there,
-    # under the model version that was invalidated
+    # gone, and not adopted again from the server: A's entry named its blocks only, so B
+    # deleted its own blocks' records there and told the fleet
     assert await b.get_many(shared_blocks + own_blocks) == [None] * 7
     assert await a.get_many(own_blocks) == [None] * 3
     assert engine_stats(a)["shared_adopted"] == 0
-    assert engine_stats(b)["shared_stale"] + engine_stats(a)["shared_stale"] >= 3
+    assert tier_stats(b)["invalidations_published"] >= 1
     kept = await b.get_many(other_model)
     for i, got in enumerate(kept):
         same(got, block(len(shared_blocks) + i))
@@ -497,3 +498,26 @@ async def test_a_record_read_while_this_engine_invalidates_the_key_is_not_adopte
             assert not await b.contains(b"K")
         finally:
             await b.close()
+
+
+async def test_what_derives_from_an_invalidated_key_elsewhere_in_the_fleet_goes_too(
+        redis_url: str) -> None:
+    # A puts a → b → c; B holds c only, so it knows nothing of a → b: B's entry names a alone.
+    # A dropped b and c locally, but their records stayed on the server and were adopted again,
+    # by every engine and by A itself (its cascade had unlinked the edges)
+    configs = [shared_config(url=redis_url) for _ in range(3)]
+    async with engines(*configs) as (a, b, c):
+        await a.put("a", b"A" * 1000)
+        await a.put("b", b"B" * 1000, parents=["a"])
+        await a.put("c", b"C" * 1000, parents=["b"])
+        await a.settle()
+        assert await b.get("c") == b"C" * 1000
+        assert await b.invalidate("a") == 0  # B held none of it: it names a alone
+        await eventually(lambda: dropped(a, "a", "b", "c"))
+        for kv in (a, b, c):
+            await eventually(lambda kv=kv: _misses(kv, "b", "c"))  # type: ignore[misc]
+        assert await a.get_many(["a", "b", "c"]) == [None, None, None]
+
+
+async def _misses(kv: tierkv.Engine, *keys: str) -> bool:
+    return await kv.get_many(keys) == [None] * len(keys)

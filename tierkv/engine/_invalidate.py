@@ -37,27 +37,30 @@ class Invalidations:
         self._writes = writes
         self._shared = shared
 
-    async def invalidate(self, key: bytes, *, local: bool = False) -> int:
+    async def invalidate(self, key: bytes, *, local: bool = False,
+                         order: int | None = None) -> int:
         """Remove `key` (if stored) and everything derived from it; how many objects went.
-        `local`: another engine published it (see the module). Runs to its end even if the
-        caller is cancelled meanwhile: cut short, it would leave some of the objects removed
-        and the fleet told of none (`overwritten` has the same reason)."""
-        return await outlive_cancel(self._invalidate(key, local))
+        `local`: another engine published it (see the module), in the fleet's entry of `order`
+        (None: no entry). Runs to its end even if the caller is cancelled meanwhile: cut short,
+        it would leave some of the objects removed and the fleet told of none (`overwritten`
+        has the same reason)."""
+        return await outlive_cancel(self._invalidate(key, local, order))
 
-    async def _invalidate(self, key: bytes, local: bool) -> int:
+    async def _invalidate(self, key: bytes, local: bool, order: int | None) -> int:
         with self._shared.invalidating() as hold:
             hold(key)
             removed = int(await self._writes.delete(key, keep_shared=local))
-            return removed + await self._descendants(key, local, True, hold)
+            return removed + await self._descendants(key, local, True, hold, order)
 
     async def below(self, key: bytes) -> int:
         """Remove everything derived from `key`, a node that holds no value (a model version,
         `invalidate_model`), to its end whatever the caller (see `invalidate`); how many."""
         return await outlive_cancel(self.descendants(key, barrier=True))
 
-    async def forget(self, key: bytes) -> int:
-        """`invalidate(key, local=True)`: another engine invalidated `key`."""
-        return await self.invalidate(key, local=True)
+    async def forget(self, key: bytes, order: int | None) -> int:
+        """`invalidate(key, local=True)`: another engine invalidated `key`, in the fleet's
+        entry of `order`."""
+        return await self.invalidate(key, local=True, order=order)
 
     async def overwritten(self, key: bytes) -> None:
         """A put stored a new value of `key`: remove what derived from the old one and tell the
@@ -72,15 +75,22 @@ class Invalidations:
         """Remove everything derived from `key` (not `key` itself), durably; how many.
         `barrier`: sync the persistent tiers even if nothing derives from `key`."""
         with self._shared.invalidating() as hold:
-            return await self._descendants(key, local, barrier, hold)
+            return await self._descendants(key, local, barrier, hold, None)
 
     async def _descendants(self, key: bytes, local: bool, barrier: bool,
-                           hold: Callable[[bytes], None]) -> int:
+                           hold: Callable[[bytes], None], order: int | None) -> int:
         """`descendants`, each key doomed held back from adoption (`Shared.invalidating`)
-        until the fleet has been told."""
+        until the fleet has been told. For another engine's entry of `order`: what derives
+        from `key` here that the entry did not name is published too (the publisher did not
+        know it derives from `key`, and other engines, this one included, would adopt its
+        records from the server again), without waiting for the follower, which calls this."""
         removed, doomed = await self._cascade(key, local, barrier, hold)
         if not local:
             await self._shared.publish([key, *(k for k in doomed if k != key)])
+        elif order is not None:
+            unnamed = self._shared.unnamed((k for k in doomed if k != key), order)
+            if unnamed:
+                await self._shared.publish(unnamed, read_back=False)
         return removed
 
     async def _cascade(self, key: bytes, local: bool, barrier: bool,

@@ -29,7 +29,7 @@ import itertools
 import logging
 import struct
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._commit import GroupCommit
@@ -61,7 +61,9 @@ _CURSOR_ALONE = struct.Struct("<Q")
 #: invalidations kept while the server is unreachable, at most (the oldest go beyond)
 MAX_UNPUBLISHED = 100_000
 #: drops a key locally and what derives from it (the engine's invalidation, local only)
-Forget = Callable[[bytes], Awaitable[int]]
+#: `Invalidations.forget`: drop a key another engine invalidated, by the entry of that order
+#: (None: not for an entry, as when the log's history was lost)
+Forget = Callable[[bytes, "int | None"], Awaitable[int]]
 
 
 class Shared:
@@ -138,9 +140,9 @@ class Shared:
             await self._history_lost()
             return
         since = cursor if saved is not None else -1
-        for key in [key for key, order in fleet.tombs.items()
-                    if order > since and key in self._st.index]:
-            await forget(key)
+        for key, order in [(key, order) for key, order in fleet.tombs.items()
+                           if order > since and key in self._st.index]:
+            await forget(key, order)
 
     async def _saved_cursor(self) -> tuple[int, bytes | None] | None:
         """The newest saved (cursor, epoch of its log), if any was saved."""
@@ -303,15 +305,15 @@ class Shared:
         """Whether `publish` tells a fleet anything (a shared tier with a fleet log)."""
         return self.tier is not None and self.index is not None and self.tier.fleet is not None
 
-    async def publish(self, keys: Sequence[bytes]) -> None:
+    async def publish(self, keys: Sequence[bytes], *, read_back: bool = True) -> None:
         """Delete `keys` on the server and tell the fleet they are invalid. An invalidation the
         server does not take (down, slow, its breaker open) is kept and published again once it
         answers (`tick`, every second), for as long as this engine runs; meanwhile it is local
-        (logged once, counted)."""
-        if not await self._send(keys):
+        (logged once, counted). `read_back`: see `Fleet.publish` (False from the follower)."""
+        if not await self._send(keys, read_back=read_back):
             self._keep_unpublished(keys)
 
-    async def _send(self, keys: Sequence[bytes]) -> bool:
+    async def _send(self, keys: Sequence[bytes], *, read_back: bool = True) -> bool:
         """Delete `keys` on the server and publish them; whether the server took them (True
         where there is nothing to tell)."""
         tier, index = self.tier, self.index
@@ -320,7 +322,7 @@ class Shared:
         try:
             guard = self._st.guards[index]
             await guard.settle(tier.delete_many, keys)
-            await guard.settle(tier.fleet.publish, keys)
+            await guard.settle(tier.fleet.publish, keys, read_back=read_back)
         except DeviceError as exc:
             self._failed("an invalidation (kept, to publish once it answers)", exc)
             return False
@@ -363,12 +365,20 @@ class Shared:
                 if unpublished.get(key) == stamp:
                     del unpublished[key]
 
-    async def _remote(self, keys: list[bytes]) -> None:
+    async def _remote(self, keys: list[bytes], order: int) -> None:
         assert self._forget is not None
         for key in keys:
-            self._st.counters.remote_invalidated += await self._forget(key)
+            self._st.counters.remote_invalidated += await self._forget(key, order)
 
     async def _history_lost(self) -> None:
         assert self._forget is not None
         for key in self._st.index.key_list():
-            await self._forget(key)
+            await self._forget(key, None)
+
+    def unnamed(self, keys: Iterable[bytes], order: int) -> list[bytes]:
+        """Of `keys`, derived here from a key the entry of `order` invalidated, those that no
+        entry since invalidated: the publisher did not know they derive from it."""
+        fleet = None if self.tier is None else self.tier.fleet
+        if fleet is None:
+            return []
+        return [key for key in keys if not fleet.tombed_since(key, order)]

@@ -50,7 +50,7 @@ from tierkv.errors import DeviceError
 log = logging.getLogger("tierkv.tiers.redis")
 Call = Callable[[Awaitable[Any]], Awaitable[Any]]
 #: called with the keys another engine invalidated; returns once they are gone here
-Listener = Callable[[list[bytes]], Awaitable[None]]
+Listener = Callable[[list[bytes], int], Awaitable[None]]
 #: called when entries this engine had not read were trimmed away: it cannot know what it missed
 LostListener = Callable[[], Awaitable[None]]
 _SEQ_BITS = 20
@@ -166,9 +166,12 @@ class Fleet:
             await asyncio.gather(task, return_exceptions=True)
 
     # -- publishing --------------------------------------------------------------------------
-    async def publish(self, keys: Sequence[bytes]) -> None:
+    async def publish(self, keys: Sequence[bytes], *, read_back: bool = True) -> None:
         """Append an entry invalidating `keys`, then wait (at most the tier's timeout) until the
-        follower has read it back, so that records written from now on are stamped after it."""
+        follower has read it back, so that records written from now on are stamped after it.
+        Not `read_back` (the follower itself publishing, from a listener): a record this
+        engine writes meanwhile may be stamped before the entry, and refused as stale by other
+        engines (a miss)."""
         if not keys:
             return
         trim = max(int((time.time() - self._config.retention) * 1000), 0)
@@ -178,6 +181,8 @@ class Fleet:
         order = entry_order(entry_id)
         self._tomb(keys, order)
         self._counters["invalidations_published"] += 1
+        if not read_back:
+            return
         try:
             with stall_aware_timeout(self._config.timeout):
                 async with self._advanced:
@@ -185,6 +190,10 @@ class Fleet:
         except TimeoutError:
             log.warning("the shared tier's invalidation log did not come back within %gs",
                         self._config.timeout)
+
+    def tombed_since(self, key: bytes, order: int) -> bool:
+        """Whether an entry at or after `order` invalidated `key`."""
+        return self.tombs.get(key, -1) >= order
 
     def stale(self, stamp: int, keys: Sequence[bytes]) -> bool:
         """Whether a record stamped `stamp` whose key and ancestors are `keys` predates an
@@ -257,7 +266,7 @@ class Fleet:
             self._counters["invalidations_received"] += 1
             self._counters["keys_invalidated_remotely"] += len(keys)
             if self._listener is not None:
-                await self._listener(keys)
+                await self._listener(keys, order)
         async with self._advanced:
             self.cursor = max(self.cursor, order)
             self._advanced.notify_all()
