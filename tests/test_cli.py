@@ -17,6 +17,7 @@ from tests._endless import KINDS, endless_input, run_capped
 from tierkv.cli import main
 from tierkv.config import Config, TierConfig, load_config
 from tierkv.formats.value import ObjectMeta, ValueKind
+from tierkv.testing.redis_server import RedisServer
 from tierkv.tiers.registry import make_tier
 
 GPU_ONLY = """
@@ -80,6 +81,19 @@ def test_info_prints_each_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "tiers[0] l1" in out
     assert "device: cpu" in out
     assert "io_uring" in out
+
+
+@pytest.mark.redis
+def test_info_of_a_redis_tier_writes_nothing_to_the_server(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], redis_server: RedisServer,
+        redis_url: str) -> None:
+    # it opened the tier, whose survey of the fleet's log set the log's epoch on the server
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY + f'[[tiers]]\nname = "shared"\nkind = "redis"\n'
+                                 f'url = "{redis_url}"\ncapacity = "16MiB"\n')
+    assert main(["info", "--config", str(config)]) == 0
+    assert "reachable: yes" in capsys.readouterr().out
+    assert redis_server.command("DBSIZE") == 0
 
 
 def test_bench_gpu_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -278,6 +292,10 @@ def test_bench_refuses_a_count_size_or_concurrency_that_is_not_positive(
     (["--trace", "{trace}", "--faults", "pmem:eio=0.1"], "--faults"),
     (["--trace", "{trace}", "--device", "nvme"], "--device"),
     (["--trace", "{trace}", "--url", "redis://127.0.0.1:1/0"], "--url"),
+    # the workload's options, where no workload runs
+    (["--device", "gpu", "--size", "99999TiB"], "--size"),
+    (["--device", "nvme", "--count", "10"], "--count"),
+    (["--trace", "{trace}", "--concurrency", "4"], "--concurrency"),
 ])
 def test_bench_refuses_an_option_the_run_would_ignore(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: str

@@ -120,6 +120,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
+#: the workload's options (`--device engine`, `--faults`), and their defaults
+WORKLOAD_OPTIONS: dict[str, int] = {"size": 256 << 10, "count": 2048, "concurrency": 8}
+
+
 def _check_combination(args: argparse.Namespace) -> None:
     """Refuse an option the run would ignore, then fill in the defaults of those it reads:
     ignored, it left figures taken for what was not measured (``--policy lru`` without
@@ -137,6 +141,13 @@ def _check_combination(args: argparse.Namespace) -> None:
                 raise ConfigError(f"{option}: a --trace replay runs alone and takes no {option}")
     if args.seed is not None and args.faults is None:
         raise ConfigError("--seed: only a --faults soak takes it")
+    workload = args.trace is None and (args.device == "engine" or args.faults is not None)
+    for option, size in WORKLOAD_OPTIONS.items():
+        if getattr(args, option) is None:
+            setattr(args, option, size)
+        elif not workload:
+            raise ConfigError(f"--{option}: only the workload of --device engine and a "
+                              "--faults soak take it")
     for option, default in TRACE_OPTIONS.items():
         if getattr(args, option) is None:
             setattr(args, option, default)

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         with terminable():
             return int(args.func(args))
     except Terminated as exc:
+        print(f"tierkv: {exc}; what the command set up was taken down", file=sys.stderr)
         return exc.exit_status
     except ConfigError as exc:
         print(f"tierkv: config error: {exc}", file=sys.stderr)
@@ -87,10 +88,11 @@ def _parser() -> argparse.ArgumentParser:
                             "transformers: time to first token of a random-init Llama with "
                             "prefix KV reuse beside recompute (needs the transformers extra); "
                             "redis: the shared tier beside raw redis-py SET/GET on one server")
-    bench.add_argument("--size", type=_size_arg, default=256 << 10,
+    bench.add_argument("--size", type=_size_arg,
                        help="object size of the workload (default 256KiB)")
-    bench.add_argument("--count", type=int, default=2048, help="objects in the workload")
-    bench.add_argument("--concurrency", type=int, default=8, help="tasks issuing requests")
+    bench.add_argument("--count", type=int, help="objects in the workload (default 2048)")
+    bench.add_argument("--concurrency", type=int,
+                       help="tasks issuing requests in the workload (default 8)")
     bench.add_argument("--quick", action="store_true", help="shorter runs (CI, smoke tests)")
     bench.add_argument("--workdir", type=Path, default=Path("/var/tmp"),
                        help="where the embedded config and device benchmarks put files on disk")

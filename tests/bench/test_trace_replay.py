@@ -82,6 +82,15 @@ def test_a_bad_record_is_named_by_file_and_line(tmp_path: Path, line: str) -> No
     assert f"{trace}:3" in str(caught.value)  # the message names the line: that is the point
 
 
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path: Path) -> None:
+    # the decoding error escaped the per-line checks, naming neither file nor line
+    trace = tmp_path / "binary.jsonl"
+    trace.write_bytes(b'{"timestamp": 0, "hash_ids": [7]}\n\x87\xff\x00\n')
+    with pytest.raises(ValueError, match="not UTF-8") as caught:
+        list(read_trace(trace))
+    assert f"{trace}:2" in str(caught.value)
+
+
 def test_a_trace_going_back_in_time_is_refused(tmp_path: Path) -> None:
     trace = tmp_path / "back.jsonl"
     trace.write_text('{"timestamp": 20, "hash_ids": [1]}\n{"timestamp": 10, "hash_ids": [2]}\n')

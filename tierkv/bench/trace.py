@@ -73,15 +73,21 @@ def read_trace(path: Path, limit: int | None = None) -> Iterator[TraceRequest]:
     """
     previous = 0.0
     count = 0
-    with path.open(encoding="utf-8") as lines:
+    with path.open("rb") as lines:
         # each line read up to a bound: a file without line ends (a pool named by mistake,
-        # /dev/zero) was read whole as its first line, a MemoryError or the OOM killer
-        for number, line in enumerate(iter(lambda: lines.readline(MAX_LINE + 1), ""), start=1):
+        # /dev/zero) was read whole as its first line, a MemoryError or the OOM killer; and
+        # decoded alone, so that bytes that are not UTF-8 are reported with their line
+        for number, raw in enumerate(iter(lambda: lines.readline(MAX_LINE + 1), b""), start=1):
             if limit is not None and count >= limit:
                 return
-            if len(line) > MAX_LINE:
-                raise ValueError(f"{path}:{number}: longer than {MAX_LINE} characters: not a "
+            if len(raw) > MAX_LINE:
+                raise ValueError(f"{path}:{number}: longer than {MAX_LINE} bytes: not a "
                                  "trace record")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{number}: not UTF-8 text: not a trace record"
+                                 ) from None
             if not line.strip():
                 continue
             request = _parse_record(line, f"{path}:{number}", previous)

@@ -16,12 +16,10 @@ def probe(config: RedisTierConfig) -> dict[str, str]:
     the client, and whether the server answers now."""
 
     async def reach() -> str:
-        tier = RedisTier(config)
         try:
-            await tier.open()
+            await RedisTier(config).ping()
         except TierKVError as exc:
             return f"no: {exc}"
-        await tier.close()
         return "yes"
 
     described = RedisTier(config).describe()

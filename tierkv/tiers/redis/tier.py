@@ -133,6 +133,17 @@ class RedisTier(Tier):
             raise
         return []
 
+    async def ping(self) -> None:
+        """Whether the server answers, without opening the tier: one PING on a client of its
+        own (`tierkv info` writes nothing; an open surveys the fleet's log, which may set its
+        epoch). `DeviceError` if it does not answer."""
+        import_client()
+        self._client = make_client(self.config)
+        try:
+            await self._call(self._client.ping())
+        finally:
+            await self._disconnect()
+
     async def _close(self) -> None:
         if self.fleet is not None:
             await self.fleet.stop()
