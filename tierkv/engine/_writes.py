@@ -274,7 +274,8 @@ class Writes:
                 await self._copies.discard(entry, claim, keep_shared=keep_shared)
             if on_server and shared is not None and not held_shared:
                 await self._copies.delete(key, shared)
-            if entry is not None and self._write_through:
+            if entry is not None and on_server and self._write_through:
+                # a public delete (an invalidation syncs once, after its whole cascade)
                 await self._sync_deletes()
             return entry is not None
 
