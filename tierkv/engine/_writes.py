@@ -135,7 +135,7 @@ class Writes:
             if not st.tiers[placed].persistent:  # they failed; it fell through to the shared tier
                 raise DeviceError(f"write_through: no persistent tier took an object of "
                                   f"{entry.nbytes} bytes (each failed)")
-        errors = st.counters.device_errors
+        failures = st.guards[placed].breaker.failures
         await asyncio.gather(*(st.commits[tier].sync() for tier in {placed, *superseded}))
         if placed not in entry.locations and not entry.detached:
             # a failed write dropped the copy, its error raised to an earlier flush, or a
@@ -146,7 +146,7 @@ class Writes:
         if placed not in entry.locations:
             why = (f"write_through: tier {st.names[placed]!r} dropped the copy before it "
                    "reached media, twice")
-            if st.counters.device_errors > errors:
+            if st.guards[placed].breaker.failures > failures:
                 raise DeviceError(f"{why} (its writes failed)")
             raise TierFullError(f"{why}: a reclaim found no room to keep it (too small for "
                                 "the write-through puts in flight)")

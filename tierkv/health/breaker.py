@@ -253,6 +253,11 @@ class CircuitBreaker:
         self._advance(now)
         return self._state
 
+    @property
+    def failures(self) -> int:
+        """Outcomes reported failed so far (what `snapshot` counts, without its upkeep)."""
+        return self._failures
+
     def snapshot(self, now: float) -> BreakerSnapshot:
         now = self._clock(now)
         self._advance(now)
