@@ -97,7 +97,13 @@ class CopyOps:
             tier = (st.scheduler.durable_tier(entry.nbytes, tier + 1, any_breaker=True) if insist
                     else st.scheduler.next_tier(entry.nbytes, tier))
         if failure is not None:
-            raise failure
+            try:
+                raise failure
+            finally:
+                # this frame is in the error's traceback: the local made a cycle that kept
+                # `payload` alive (a view lent by the gpu tier: its slots stayed taken) until
+                # a full collection of the garbage collector
+                failure = None
         # every tier tried can hold the object but made no room: what fills it cannot move out
         raise TierFullError(f"no tier has room for an object of {entry.nbytes} bytes: each that "
                             "can hold it is full of objects that cannot be moved out now "

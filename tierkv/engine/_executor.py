@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tierkv.engine")
 
-#: called on the loop when a plan's task ends: whether the plan was carried out
-Done = Callable[[bool], None]
+#: called on the loop when a plan's task ends: True if the plan was carried out, False if it
+#: was given up (the object changed meanwhile), None if it failed
+Done = Callable[[bool | None], None]
 
 
 class _Lane:
@@ -172,4 +173,4 @@ class MoveExecutor:
         if outcome is False:
             st.counters.moves_discarded += 1
         if done is not None:
-            done(outcome is True)
+            done(None if outcome is None else outcome is True)

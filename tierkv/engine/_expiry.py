@@ -51,7 +51,7 @@ async def expire_idle(state: EngineState, executor: MoveExecutor, evictor: Evict
                 continue
             entry.moving = True
 
-            def done(carried_out: bool) -> None:
+            def done(carried_out: bool | None) -> None:
                 if carried_out:
                     state.counters.expired += 1
 

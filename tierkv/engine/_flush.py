@@ -61,47 +61,53 @@ class Flusher:
         if not any(tier.persistent for tier in st.tiers):
             return
         failures: list[TierKVError] = []
-        persisted: list[tuple[IndexEntry, int]] = []
         try:
-            await self._tombstones.settle()
-        except DeviceError as exc:
-            log.warning("flush: %s", exc)
-            failures.append(exc)
-        await self._departed.record()
-
-        async def persist(entry: IndexEntry) -> None:
+            persisted: list[tuple[IndexEntry, int]] = []
             try:
-                placed = await self._persist(entry)
-            except TierKVError as exc:
-                log.warning("flush could not persist an object: %s", exc)
+                await self._tombstones.settle()
+            except DeviceError as exc:
+                log.warning("flush: %s", exc)
                 failures.append(exc)
-            else:
-                if placed is not None:
-                    persisted.append((entry, placed))
+            await self._departed.record()
 
-        pending = st.index.volatile()
-        for attempt in range(2):
-            persisted.clear()
-            await bounded_map(persist, pending, st.config.scheduler.migration_concurrency)
-            for index, tier in enumerate(st.tiers):
-                if tier.persistent:
-                    await st.commits[index].sync()
-            # a copy written and gone by the time its sync returned: moved up since (an
-            # exclusive promotion), dropped by a failed write whose error an earlier flush took,
-            # or demoted and dropped by a full log's reclaim: either way this flush has not
-            # made it durable yet; write it once more
-            lost = [(entry, placed) for entry, placed in persisted if not entry.detached
-                    and not any(st.tiers[t].persistent for t in entry.locations)]
-            pending = [entry for entry, _ in lost]
-            if not pending:
-                break
-            if attempt:
-                failures.append(DeviceError(
-                    f"{len(lost)} objects flush wrote into tier {st.names[lost[0][1]]!r} lost "
-                    "their persistent copies before the sync returned (a failed write, or the "
-                    "tiers below had to drop them for room)"))
-        if failures:
-            raise failures[0]
+            async def persist(entry: IndexEntry) -> None:
+                try:
+                    placed = await self._persist(entry)
+                except TierKVError as exc:
+                    log.warning("flush could not persist an object: %s", exc)
+                    failures.append(exc)
+                else:
+                    if placed is not None:
+                        persisted.append((entry, placed))
+
+            pending = st.index.volatile()
+            for attempt in range(2):
+                persisted.clear()
+                await bounded_map(persist, pending, st.config.scheduler.migration_concurrency)
+                for index, tier in enumerate(st.tiers):
+                    if tier.persistent:
+                        await st.commits[index].sync()
+                # a copy written and gone by the time its sync returned: moved up since (an
+                # exclusive promotion), dropped by a failed write whose error an earlier flush
+                # took, or demoted and dropped by a full log's reclaim: either way this flush
+                # has not made it durable yet; write it once more
+                lost = [(entry, placed) for entry, placed in persisted if not entry.detached
+                        and not any(st.tiers[t].persistent for t in entry.locations)]
+                pending = [entry for entry, _ in lost]
+                if not pending:
+                    break
+                if attempt:
+                    failures.append(DeviceError(
+                        f"{len(lost)} objects flush wrote into tier {st.names[lost[0][1]]!r} "
+                        "lost their persistent copies before the sync returned (a failed write, "
+                        "or the tiers below had to drop them for room)"))
+            if failures:
+                raise failures[0]
+        finally:
+            # the errors' tracebacks hold `persist`'s frames, which hold this list: a cycle
+            # that kept the payloads those frames borrowed (views over gpu slots, which stayed
+            # taken) alive until a full collection of the garbage collector
+            failures.clear()
 
     async def _persist(self, entry: IndexEntry) -> int | None:
         """Write a copy of `entry` into a persistent tier; the tier, or None if none was
