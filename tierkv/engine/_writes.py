@@ -216,8 +216,8 @@ class Writes:
             else contextlib.nullcontext())
         async with leaving:  # its last copies: the edges it keeps go on media first
             for tier in stale:
-                if tier in entry.locations:
-                    await self._copies.remove(entry, tier, claim)
+                if tier in entry.locations and await self._copies.remove(entry, tier, claim):
+                    st.counters.drops += 1  # it left the cache
         await asyncio.gather(*(st.commits[tier].sync() for tier in stale))
         if not entry.detached:
             entry.meta = meta
