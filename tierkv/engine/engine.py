@@ -27,7 +27,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -39,6 +39,7 @@ from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
+from tierkv.engine._items import checked_pairs
 from tierkv.engine._moves import Moves
 from tierkv.engine._observe_calls import ObserveCalls
 from tierkv.engine._pins import PinContext, Pins
@@ -61,7 +62,7 @@ from tierkv.engine._tracing import (
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
-from tierkv.formats.value import Value, check_value, encode_value
+from tierkv.formats.value import Value, encode_value
 from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
 from tierkv.tiers.base import Tier
 
@@ -269,7 +270,7 @@ class Engine(ReadCalls, ObserveCalls):
         only (a key put just before it is not taken for its parent), and a `BlockKey` built
         without a `parent_digest` is linked to none. The `TypeError`s and `ValueError`s of bad
         items are raised before anything is stored."""
-        pairs = _checked_pairs(items)
+        pairs = checked_pairs(items)
         blocks: dict[tuple[bytes, float], BlockKey] = {}
         with self._span(PUT_MANY) as span:
             count = 0
@@ -384,30 +385,3 @@ class Engine(ReadCalls, ObserveCalls):
         tracing = self._st.tracing
         return contextlib.nullcontext() if tracing is None else tracing.call(name, raw)
 
-
-def _checked_pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
-                   ) -> list[tuple[KeyT, ValueT]]:
-    """`put_many`'s items as a list of pairs, each key and value checked as `put` checks
-    them: a bad item raised only when its turn came, after the items before it were stored."""
-    if isinstance(items, Mapping):
-        pairs = list(items.items())
-    else:
-        what = "put_many takes a mapping or an iterable of (key, value) pairs"
-        if isinstance(items, str | bytes | bytearray | memoryview):
-            raise TypeError(f"{what}, not a single {type(items).__name__}")
-        try:
-            listed: list[object] = list(items)
-        except TypeError:
-            if hasattr(items, "__iter__"):
-                raise  # raised while iterating: the iterable's own error
-            raise TypeError(f"{what}, not {type(items).__name__}") from None
-        pairs = []
-        for item in listed:
-            if not isinstance(item, tuple) or len(item) != 2:
-                raise TypeError(f"{what}; an item is a {type(item).__name__}"
-                                + (f" of {len(item)}" if isinstance(item, tuple) else ""))
-            pairs.append(cast("tuple[KeyT, ValueT]", item))
-    for key, value in pairs:
-        encode_key(key)
-        check_value(value)
-    return pairs

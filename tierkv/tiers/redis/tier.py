@@ -134,10 +134,7 @@ class RedisTier(Tier):
         return []
 
     async def ping(self) -> None:
-        """Whether the server answers, without opening the tier: one PING on a client of its
-        own (`tierkv info` writes nothing; an open surveys the fleet's log, which may set its
-        epoch). `DeviceError` if it does not answer."""
-        import_client()
+        """One PING, the tier not opened (its survey may write); `DeviceError` if unanswered."""
         self._client = make_client(self.config)
         try:
             await self._call(self._client.ping())
