@@ -16,8 +16,10 @@ from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._state import EngineState
 from tierkv.scheduler import Departure
 
-#: seconds before the victims of a failed move are planned again, doubling with each failure
-#: in a row up to the maximum
+#: failed moves in a row before the evictor pauses (a device that tears a write now and then
+#: must not slow the evictor down), then the seconds of its first pause, doubling with each
+#: failure in a row up to the maximum
+FAILURES_BEFORE_PAUSE = 3
 FAILED_MOVE_PAUSE = 0.01
 MAX_FAILED_MOVE_PAUSE = 1.0
 
@@ -114,8 +116,11 @@ class Evictor:
             # release of the victim's key, a writer waiting), it retried the same victims in a
             # loop that took a CPU whole (900,000 failed moves in 80 s) while writers waited
             self._failures += 1
-            pause = min(FAILED_MOVE_PAUSE * 2 ** min(self._failures - 1, 10),
-                        MAX_FAILED_MOVE_PAUSE)
+            if self._failures <= FAILURES_BEFORE_PAUSE:  # a failure now and then: on at once
+                space.cue.set()
+                return
+            pause = min(FAILED_MOVE_PAUSE * 2 ** min(self._failures - FAILURES_BEFORE_PAUSE - 1,
+                                                     10), MAX_FAILED_MOVE_PAUSE)
             loop = asyncio.get_running_loop()
             self._resume_at = max(self._resume_at, loop.time() + pause)
             loop.call_later(pause, space.cue.set)
