@@ -15,7 +15,8 @@ ValueT = TypeVar("ValueT", bound=Value)
 def checked_pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
                   ) -> list[tuple[KeyT, ValueT]]:
     """`put_many`'s items as a list of pairs, each key and value checked as `put` checks
-    them: a bad item raised only when its turn came, after the items before it were stored."""
+    them, all before the first is stored (checked by each put alone, a bad item raised only
+    when its turn came, after the items before it were stored)."""
     if isinstance(items, Mapping):
         pairs = list(items.items())
     else:
