@@ -153,3 +153,9 @@ def test_relative_tls_files_of_a_redis_url_in_a_config_file_are_beside_the_file(
     assert loaded.startswith("rediss://:pw%40x@cache.internal:6380/0?")
     # without a file: as written, relative to the current directory
     assert _redis_url(REDIS.format(url=url), text=True) == url
+
+
+@pytest.mark.parametrize("source", [None, 5, b"devices.toml"])
+def test_a_config_of_another_type_is_named(source: object) -> None:
+    with pytest.raises(TypeError, match=f"not {type(source).__name__}"):
+        load_config(source)  # type: ignore[arg-type]

@@ -192,3 +192,29 @@ def test_the_password_in_the_url_is_never_shown() -> None:
     assert PASSWORD not in repr(tier)
     assert PASSWORD not in tier.display_url
     assert tier.display_url == "redis://cache.internal:6379/0"
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis://127.0.0.1:1/0?socket_timeout=5", "the tier's timeout key sets it"),
+    ("redis://127.0.0.1:1/0?socket_connect_timeout=5", "the tier's timeout key sets it"),
+    ("redis://127.0.0.1:1/0?max_connections=2", "the tier's pool_size key sets it"),
+    ("redis://127.0.0.1:1/0?retry_on_timeout=yes", "tier's to set"),
+    ("redis://127.0.0.1:1/0?health_check_interval=-5", "a whole number, 0 or more"),
+    ("redis://127.0.0.1:1/0?db=-1", "a whole number, 0 or more"),
+    ("unix:///run/redis.sock?socket_read_size=-4096", "a whole number, 0 or more"),
+], ids=repr)
+def test_a_url_parameter_the_tier_sets_or_a_negative_count_is_refused(url: str, says: str
+                                                                       ) -> None:
+    # these loaded and silently overrode the tier's own bounds (a url's socket_timeout and
+    # max_connections win over what the tier passes), or misbehaved at open
+    assert says in str(fails(document(url=url), "tiers[1].url"))
+
+
+def test_a_password_in_the_url_and_in_password_env_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the url's password won, silently, over the one named by password_env
+    monkeypatch.setenv("TIERKV_TEST_PASSWORD", "from-env")
+    message = str(fails(document(url=f"redis://:{PASSWORD}@h:1",
+                                 password_env="TIERKV_TEST_PASSWORD"), "tiers[1].password_env"))
+    assert "one place" in message and PASSWORD not in message
+    load_config(document(url="redis://user@h:1", password_env="TIERKV_TEST_PASSWORD"))

@@ -20,11 +20,20 @@ _NODE = re.compile(r"^(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: query parameters refused in a url: `display_url` (messages, `tierkv info`) shows the query
 _SECRET_PARAMETERS = ("password", "ssl_password")
-#: query parameters that change what the client answers or how it retries and speaks: the tier
-#: reads bytes, retries through its own breaker and speaks RESP2 (decode_responses=true made
-#: the fleet's survey fail at open with a UnicodeDecodeError)
-_TIER_PARAMETERS = ("decode_responses", "encoding", "encoding_errors", "retry",
-                    "connection_class", "parser_class", "protocol")
+#: query parameters that change what the client answers or how it retries, waits and speaks:
+#: the tier reads bytes, retries through its own breaker, bounds each call itself and speaks
+#: RESP2 (decode_responses=true made the fleet's survey fail at open with a
+#: UnicodeDecodeError; a url's socket_timeout or max_connections silently overrode the tier's
+#: `timeout` handling and `pool_size`); the value: the tier's key that sets it instead, if any
+_TIER_PARAMETERS = {
+    "decode_responses": None, "encoding": None, "encoding_errors": None, "retry": None,
+    "retry_on_timeout": None, "retry_on_error": None, "connection_class": None,
+    "parser_class": None, "protocol": None, "socket_timeout": "timeout",
+    "socket_connect_timeout": "timeout", "timeout": "timeout", "max_connections": "pool_size",
+}
+#: query parameters that redis-py reads as numbers without bounds: a negative one loaded and
+#: then misbehaved (health_check_interval=-5 sent a PING before every command)
+_COUNT_PARAMETERS = ("db", "socket_read_size", "health_check_interval", "ssl_min_version")
 #: query parameters of a url that name files, which redis-py hands to the ssl module
 _FILE_PARAMETERS = ("ssl_ca_certs", "ssl_ca_path", "ssl_certfile", "ssl_keyfile")
 #: the longest key prefix (a key's prefix is repeated in every key on the server)
@@ -60,6 +69,10 @@ def parse_redis_tier(t: Table, name: str, capacity: int, directory: Path | None
             raise t.error("password_env", "expected the name of an environment variable")
         if password_env not in os.environ:
             raise t.error("password_env", f"the environment variable {password_env} is not set")
+        if url is not None and urlsplit(url).password:
+            # redis-py lets the url's password win over the one given beside it, silently
+            raise t.error("password_env", "the url carries a password too: give it in one "
+                                          "place")
     prefix = t.string("key_prefix", "tierkv:")
     if len(prefix.encode()) > MAX_KEY_PREFIX:
         raise t.error("key_prefix", f"longer than {MAX_KEY_PREFIX} bytes")
@@ -137,7 +150,13 @@ def _check_query(t: Table, url: str, query: str) -> None:
                                  "info` show (a server password goes before the host, "
                                  "redis://:PASSWORD@host:port, or in password_env)")
         if name in _TIER_PARAMETERS:
-            raise t.error("url", f"{name} is the tier's to set, not the url's")
+            instead = _TIER_PARAMETERS[name]
+            raise t.error("url", f"{name} is the tier's to set, not the url's" + (
+                f" (the tier's {instead} key sets it)" if instead else ""))
+        if name in _COUNT_PARAMETERS:
+            for value in names[name]:
+                if not value.strip().isdigit():
+                    raise t.error("url", f"{name} must be a whole number, 0 or more")
         if name.startswith("ssl_") and not url.startswith("rediss://"):
             raise t.error("url", f"{name} needs a rediss:// URL (TLS)")
 

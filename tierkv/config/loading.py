@@ -63,6 +63,9 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | Config) -> 
         return source
     if isinstance(source, Mapping):
         return _parse(source, None)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError("a config is a TOML file's path, a mapping or a tierkv.Config, "
+                        f"not {type(source).__name__}")
     path = Path(source)
     try:
         # read up to the bound only: a pool or log named by mistake (or /dev/zero) was read
