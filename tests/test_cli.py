@@ -147,6 +147,26 @@ def test_info_says_what_the_next_open_finds_in_the_log(
     assert "no tierkv log" in info("16MiB")
 
 
+def test_info_says_when_a_pool_is_smaller_than_its_capacity_makes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pool = tmp_path / "l2.pool"
+    config = tmp_path / "devices.toml"
+    config.write_text(f'[[tiers]]\nkind = "pmem"\nname = "l2"\ncapacity = "8MiB"\n'
+                      f'path = "{pool}"\n')
+
+    def info() -> str:
+        assert main(["info", "--config", str(config)]) == 0
+        [line] = [line for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("  pool: ")]
+        return line
+
+    asyncio.run(_put_one(load_config(config)))
+    assert "tierkv pool" in (whole := info()) and "truncated" not in whole
+    with pool.open("r+b") as file:  # a copy that stopped half way: the header says tierkv
+        file.truncate(pool.stat().st_size // 2)
+    assert "made for a smaller capacity, or truncated" in info()
+
+
 async def _put_one(config: Config) -> None:
     async with tierkv.open(config) as kv:
         await kv.put("k", b"v")

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -292,6 +293,11 @@ def test_serve_metrics_answers_a_scrape_and_stops_on_sigterm(
     assert value(families, "tierkv_recovery_seconds") > 0
     assert value(families, "tierkv_breaker_state", tier="nvme", state="closed") == 1
     assert "process_cpu_seconds" in families  # prometheus_client's process collector
+    for wrong in ("/", "/metric", "/metrics/x", "/favicon.ico"):  # all answered with metrics
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(url.removesuffix("/metrics") + wrong, timeout=30)
+        assert answer.value.code == 404 and b"/metrics" in answer.value.read()
+    assert "tierkv_objects" in scrape(url + "?name[]=tierkv_objects")
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     assert "Traceback" not in (process.stderr.read() if process.stderr else "")

@@ -1,9 +1,10 @@
 """`tierkv serve-metrics`: open an engine on a config and serve its metrics over HTTP until
 SIGINT or SIGTERM, then close the engine (which flushes to the persistent tiers) and return.
 
-The scrapes are answered by `prometheus_client.start_http_server` on threads of its own; each
-takes the engine's snapshot on the loop (`EngineCollector`). The registry is a fresh one with
-the engine's collector and prometheus_client's process, platform and GC collectors.
+The scrapes are answered at ``/metrics`` (any other path is a 404) on threads of their own
+(`_http`); each takes the engine's snapshot on the loop (`EngineCollector`). The registry is a
+fresh one with the engine's collector and prometheus_client's process, platform and GC
+collectors.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from prometheus_client import (
     PLATFORM_COLLECTOR,
     PROCESS_COLLECTOR,
     CollectorRegistry,
-    start_http_server,
 )
 
 from tierkv.engine.opener import ConfigSource, open_engine
 from tierkv.errors import ConfigError
+from tierkv.metrics._http import start_metrics_server
 from tierkv.metrics.prometheus import register, unregister
 
 #: called once the server listens: (host, port bound)
@@ -43,8 +44,8 @@ async def serve_metrics(config: ConfigSource, host: str = "127.0.0.1", port: int
             registry.register(collector)
         engine_collector = register(kv, registry)
         try:
-            server, thread = start_http_server(port, addr=host, registry=registry)
-        except OSError as exc:  # in use, not an address of this machine, a privileged port
+            server, thread = start_metrics_server(host, port, registry)
+        except OSError as exc:  # unknown host, in use, not this machine's, a privileged port
             raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
         # with `stop`, the caller decides what sets it (the CLI: its own signal handling)
         signals = (signal.SIGINT, signal.SIGTERM) if stop is None else ()

@@ -93,6 +93,12 @@ def probe(config: PmemTierConfig) -> dict[str, str]:
                         f"{config.capacity}")
     else:
         info["pool"] = f"{found.kind.value}" + (f", {found.size} bytes" if found.size else "")
+        expected = layout.pool_size_for(config.capacity)
+        if found.kind is layout.PoolFile.TIERKV and found.size < expected:
+            # the header alone does not say how large the pool was made: a pool cut short
+            # (a copy that stopped, a full filesystem) looks whole here; open walks it
+            info["pool"] += (f" (capacity {config.capacity} makes {expected} bytes: made for "
+                             "a smaller capacity, or truncated; open checks it)")
     fstype, options = filesystem_of(config.path)
     dax = is_dax(fstype, options, config.path)
     info["filesystem"] = fstype + (" mounted with dax" if dax else "")
