@@ -73,6 +73,16 @@ def test_a_config_that_is_no_config_file_but_endless_or_huge_is_a_config_error(
     assert str(config) in result.stderr
 
 
+def test_a_bench_config_error_prints_only_its_line(tmp_path: Path) -> None:
+    # the progress bar was started before the config was checked: a blank line on stdout
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY + '\n[[tiers]]\nname = "l3"\nkind = "nvme"\ncapacity = "8MiB"\n'
+                      f'region_size = "1MiB"\npath = "{tmp_path / "absent" / "l3.log"}"\n')
+    result = run_cli("bench", "--config", str(config))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.count("\n") == 1 and "tiers[1].path" in result.stderr
+
+
 def test_info_prints_each_tier(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "devices.toml"
     config.write_text(GPU_ONLY)

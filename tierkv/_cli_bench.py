@@ -45,13 +45,23 @@ FAULTS_QUICK_OPERATIONS = 2000
 
 # -- bench ---------------------------------------------------------------------------------------
 class _Bar:
-    """A rich progress bar with one line per benchmark phase."""
+    """A rich progress bar with one line per benchmark phase, shown from the first phase on:
+    started before the config was checked, it left a blank line above a config error."""
 
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._tasks: dict[str, TaskID] = {}
 
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._tasks:
+            self._progress.stop()
+
     def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self._tasks:
+            self._progress.start()
         task = self._tasks.get(phase)
         if task is None:
             task = self._tasks[phase] = self._progress.add_task(phase, total=total)
@@ -77,10 +87,9 @@ def run_bench(args: argparse.Namespace) -> int:
     rows: list[Row] = []
     progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn(
         "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
-    with progress, _config_for(args.config, args.workdir) as config:
+    with _config_for(args.config, args.workdir) as config, _Bar(progress) as bar:
         if args.json is not None:  # the tiers are known only now, and no job has run yet
             refuse_tier_media("--json", args.json, config)
-        bar = _Bar(progress)
         for name, job in _bench_jobs(args, config, trace):
             section, section_rows = run(job(bar))
             results[name] = section
@@ -346,6 +355,8 @@ def _capacities(text: str) -> tuple[float, ...]:
         if not (math.isfinite(percent) and 0 < percent <= 100):
             raise ConfigError(f"--capacity: {item.strip()!r} is not a percentage in (0, 100] "
                               "(expected a list such as 2%,5%,10%)")
+        if percent / 100 in fractions:  # replayed twice, a report with the row twice
+            raise ConfigError(f"--capacity: {item.strip()!r} is given twice")
         fractions.append(percent / 100)
     return tuple(fractions)
 

@@ -313,6 +313,7 @@ direct = false
     ("--capacity", "0%"),
     ("--capacity", "5%,abc"),
     ("--capacity", "101%"),
+    ("--capacity", "5%,5"),  # replayed twice, its report row twice
     ("--capacity", ""),
     ("--policy", "fifo"),
     ("--block-size", "lots"),
