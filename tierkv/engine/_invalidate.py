@@ -49,8 +49,7 @@ class Invalidations:
     async def _invalidate(self, key: bytes, local: bool, order: int | None) -> int:
         with self._shared.invalidating() as hold:
             hold(key)
-            removed = int(await self._writes.delete(key, keep_shared=local))
-            return removed + await self._descendants(key, local, True, hold, order)
+            return await self._descendants(key, local, True, hold, order, root=True)
 
     async def below(self, key: bytes) -> int:
         """Remove everything derived from `key`, a node that holds no value (a model version,
@@ -62,31 +61,52 @@ class Invalidations:
         entry of `order`."""
         return await self.invalidate(key, local=True, order=order)
 
-    async def overwritten(self, key: bytes) -> None:
-        """A put stored a new value of `key`: remove what derived from the old one and tell the
-        fleet (`descendants`, no barrier). Runs to its end even if the put's caller is cancelled
-        meanwhile: the new value is in place, so neither what derived from the old one nor the
-        fleet's copies of it may stay readable. The common overwrite (nothing derived from the
-        old value, no fleet) awaits nothing."""
-        if self._st.dag.has_children(key) or self._shared.publishes:
-            await outlive_cancel(self.descendants(key, barrier=False))
-
-    async def descendants(self, key: bytes, *, local: bool = False, barrier: bool) -> int:
-        """Remove everything derived from `key` (not `key` itself), durably; how many.
-        `barrier`: sync the persistent tiers even if nothing derives from `key`."""
+    async def before_overwrite(self, key: bytes) -> frozenset[bytes]:
+        """Before a put of `key` stores its new value: remove what derives from the old one,
+        durably, telling no one yet (`overwritten` does, once the new value is in place). After
+        the new value was written, a crash before its cascade had ended left it on media beside
+        what derived from the old value (write-through: acknowledged or not, 2,000 of 2,000
+        children readable again after a restart), and through a chain whose first link had gone
+        no later write of `key` reached them. Runs to its end whatever the caller: cut short,
+        the put is not made and the key keeps its old value, whose descendants are gone (misses,
+        never stale). A key nothing derives from awaits nothing. Returns the keys removed or
+        doomed, for `overwritten` to publish."""
+        if not self._st.dag.has_children(key):
+            return frozenset()
         with self._shared.invalidating() as hold:
-            return await self._descendants(key, local, barrier, hold, None)
+            _, doomed = await outlive_cancel(self._cascade(key, False, False, hold))
+        return frozenset(doomed - {key})
+
+    async def overwritten(self, key: bytes, removed: frozenset[bytes] = frozenset()) -> None:
+        """A put stored a new value of `key`: remove what derived from the old one since
+        `before_overwrite` (a child put meanwhile) and tell the fleet of it all, `removed` (what
+        `before_overwrite` removed) included (`descendants`, no barrier). Runs to its end even
+        if the put's caller is cancelled meanwhile: the new value is in place, so neither what
+        derived from the old one nor the fleet's copies of it may stay readable. The common
+        overwrite (nothing derived from the old value, no fleet) awaits nothing."""
+        if self._st.dag.has_children(key) or self._shared.publishes:
+            await outlive_cancel(self.descendants(key, barrier=False, also=removed))
+
+    async def descendants(self, key: bytes, *, local: bool = False, barrier: bool,
+                          also: frozenset[bytes] = frozenset()) -> int:
+        """Remove everything derived from `key` (not `key` itself), durably; how many.
+        `barrier`: sync the persistent tiers even if nothing derives from `key`. `also`: keys
+        removed before, published with these."""
+        with self._shared.invalidating() as hold:
+            return await self._descendants(key, local, barrier, hold, None, also=also)
 
     async def _descendants(self, key: bytes, local: bool, barrier: bool,
-                           hold: Callable[[bytes], None], order: int | None) -> int:
-        """`descendants`, each key doomed held back from adoption (`Shared.invalidating`)
-        until the fleet has been told. For another engine's entry of `order`: what derives
-        from `key` here that the entry did not name is published too (the publisher did not
-        know it derives from `key`, and other engines, this one included, would adopt its
-        records from the server again), without waiting for the follower, which calls this."""
-        removed, doomed = await self._cascade(key, local, barrier, hold)
+                           hold: Callable[[bytes], None], order: int | None, *,
+                           root: bool = False, also: frozenset[bytes] = frozenset()) -> int:
+        """`descendants` (and `key` itself: `root`), each key doomed held back from adoption
+        (`Shared.invalidating`) until the fleet has been told. For another engine's entry of
+        `order`: what derives from `key` here that the entry did not name is published too
+        (the publisher did not know it derives from `key`, and other engines, this one
+        included, would adopt its records from the server again), without waiting for the
+        follower, which calls this."""
+        removed, doomed = await self._cascade(key, local, barrier, hold, root=root)
         if not local:
-            await self._shared.publish([key, *(k for k in doomed if k != key)])
+            await self._shared.publish([key, *(k for k in doomed | also if k != key)])
         elif order is not None:
             unnamed = self._shared.unnamed((k for k in doomed if k != key), order)
             if unnamed:
@@ -94,29 +114,42 @@ class Invalidations:
         return removed
 
     async def _cascade(self, key: bytes, local: bool, barrier: bool,
-                       hold: Callable[[bytes], None]) -> tuple[int, set[bytes]]:
+                       hold: Callable[[bytes], None], *, root: bool = False
+                       ) -> tuple[int, set[bytes]]:
+        """Remove what derives from `key` (and `key` itself, last: `root`); how many objects
+        went, and the keys doomed. Each pass removes the farthest first, `key` after its first
+        pass: whatever a crash leaves of the doomed keys on media stays reachable from `key`
+        through the edges their headers (and the departed-edges record) keep, so the next write
+        or invalidation of `key` removes it. Removed nearest first, a crash after the first
+        link of a chain left the rest of it where no write of `key` reached it any more."""
         st = self._st
         doomed = {key}
-        if not barrier and not st.dag.has_children(key):
+        if not barrier and not root and not st.dag.has_children(key):
             return 0, doomed  # the common overwrite: nothing derives from the old value
         removed = 0
         synced = False
         while True:
             pending = self._new_descendants(key, doomed)
-            if not pending:
+            if not pending and not root:
                 if synced:
                     return removed, doomed
                 await self._sync()
                 synced = True
                 continue
             synced = False
+            doomed.update(pending)
             for child in pending:
-                doomed.add(child)
                 hold(child)
+            # breadth-first order reversed: a key goes before the one that linked it into the
+            # order, so a kept key's path from `key` is kept too
+            for child in reversed(pending):
                 if await self._writes.delete(child, keep_shared=local):
                     removed += 1
                     st.counters.cascaded += 1
                 st.index.unlink(child)  # a key never stored: no edges either
+            if root:
+                removed += await self._writes.delete(key, keep_shared=local)
+                root = False
 
     def _new_descendants(self, root: bytes, doomed: set[bytes]) -> list[bytes]:
         """What derives from the doomed keys now, but `root`: each key removed so far was

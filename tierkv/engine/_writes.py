@@ -97,6 +97,15 @@ class Writes:
                 raise
         return rewrites
 
+    def check_put(self, key: bytes, meta: ObjectMeta) -> None:
+        """What `put` raises before anything changes, checked before the put's cascade
+        (`Invalidations.before_overwrite`) removes anything: the engine is open, a write-through
+        put can be made durable, the parents close no cycle."""
+        self._st.check_open()
+        if self._write_through:
+            self._check_durable(meta.nbytes)
+        self._st.dag.check_parents(meta.parents, key)
+
     def _abandon(self, entry: IndexEntry, claim: Claim) -> None:
         """A write-through put that could not make its value durable leaves no value: the copies
         it committed become orphans that the key's scrub deletes (no await here, so that this

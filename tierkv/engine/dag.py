@@ -193,6 +193,15 @@ class Dag:
         as it was and `DependencyCycleError` names that edge. Existing edges and duplicates in
         `parents` are fine; no parents is a no-op.
         """
+        for parent in self._new_parents(parents, child):
+            self._attach(parent, child)
+
+    def check_parents(self, parents: Iterable[bytes], child: bytes) -> None:
+        """Raise as `link_all` would, changing nothing."""
+        self._new_parents(parents, child)
+
+    def _new_parents(self, parents: Iterable[bytes], child: bytes) -> set[bytes]:
+        """Those of `parents` not yet linked to `child`, checked (`link_all`)."""
         _check_key(child)
         new = {p for p in parents if not _has(self._parents, child, p)}
         for parent in new:
@@ -202,8 +211,7 @@ class Dag:
         closing = self._closing_parent(new, child)
         if closing is not None:
             raise DependencyCycleError(closing, child)
-        for parent in new:
-            self._attach(parent, child)
+        return new
 
     def set_parents(self, key: bytes, parents: Iterable[bytes]) -> None:
         """Make `parents` exactly the parents of `key` (a new value of it derives from them):

@@ -212,8 +212,9 @@ class Engine(ReadCalls, ObserveCalls):
         `MAX_PARENTS` parents, keys and parents' keys that together exceed its `MAX_BODY`, a
         tensor of more than `MAX_DIMS` dimensions: `tierkv.formats`) is refused with
         `LimitExceededError`, also before anything changes. A new value removes everything
-        derived from `key` so far (durably, before the call returns; a cancelled put whose value
-        is in place finishes that first).
+        derived from `key` so far, durably, before it is written (and what was put meanwhile
+        after, before the call returns; a cancelled put whose value is in place finishes that
+        first): a crash never leaves the new value beside what derived from the old one.
 
         `latency_slo` (seconds per read, a positive finite real number: `TypeError` for a
         bool or another type, `ValueError` for the rest), if given, places the object in the
@@ -242,12 +243,14 @@ class Engine(ReadCalls, ObserveCalls):
                     async with self._profiling:
                         if st.scheduler.profiles is None:
                             st.scheduler.profiles = await measure_profiles(st)
+                self._writes.check_put(raw, meta)
+                cascaded = await self._invalidations.before_overwrite(raw)
                 replaced = await self._writes.put(raw, meta, payload, latency_slo)
                 # the tier it went into first: its fastest copy as the put let go of the key
                 entry = st.index.get(raw)
                 placed = entry.locations[0] if entry is not None and entry.locations else None
-                if replaced:
-                    await self._invalidations.overwritten(raw)
+                if replaced or cascaded:
+                    await self._invalidations.overwritten(raw, cascaded)
                 self._shared.share(raw)
             st.counters.puts += 1
             if placed is not None:
