@@ -43,8 +43,9 @@ class _Lane:
     __slots__ = ("queue", "ready")
 
     def __init__(self) -> None:
-        #: (plan, background, done, the span of the call that submitted it)
-        self.queue: deque[tuple[Plan, bool, Done | None, Span | None]] = deque()
+        #: (plan, background, done, the span of the call that submitted it, the flushes
+        #: begun by then)
+        self.queue: deque[tuple[Plan, bool, Done | None, Span | None, int]] = deque()
         self.ready = asyncio.Event()
 
 
@@ -81,7 +82,7 @@ class MoveExecutor:
         submitting it (`_tracing`)."""
         lane = self._lanes[-1 if isinstance(plan, Promote | Share) else departs_from(plan)]
         parent = None if self._st.tracing is None else current_call()
-        lane.queue.append((plan, background, done, parent))
+        lane.queue.append((plan, background, done, parent, self._st.flushes_begun))
         self.in_flight += 1
         self._idle.clear()
         lane.ready.set()
@@ -110,15 +111,16 @@ class MoveExecutor:
             while not lane.queue:
                 lane.ready.clear()
                 await lane.ready.wait()
-            plan, background, done, parent = lane.queue.popleft()
-            await self._run(plan, background, done, parent)
+            plan, background, done, parent, flushes = lane.queue.popleft()
+            await self._run(plan, background, done, parent, flushes)
 
     async def _run(self, plan: Plan, background: bool, done: Done | None,
-                   parent: Span | None) -> None:
+                   parent: Span | None, flushes: int) -> None:
         outcome: bool | Settling | None = None
         try:
             outcome = await self._attempt(
-                self._moves.run(plan, background=background, parent=parent), plan)
+                self._moves.run(plan, background=background, parent=parent, flushes=flushes),
+                plan)
         finally:
             if isinstance(outcome, Settling):
                 task = asyncio.get_running_loop().create_task(self._settle(outcome, plan, done))

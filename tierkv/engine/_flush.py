@@ -61,6 +61,8 @@ class Flusher:
         if not any(tier.persistent for tier in st.tiers):
             return
         failures: list[TierKVError] = []
+        st.flushes_begun += 1
+        st.flushing = True
         try:
             persisted: list[tuple[IndexEntry, int]] = []
             try:
@@ -104,6 +106,7 @@ class Flusher:
             if failures:
                 raise failures[0]
         finally:
+            st.flushing = False
             # the errors' tracebacks hold `persist`'s frames, which hold this list: a cycle
             # that kept the payloads those frames borrowed (views over gpu slots, which stayed
             # taken) alive until a full collection of the garbage collector

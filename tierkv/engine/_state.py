@@ -108,6 +108,10 @@ class EngineState:
         #: keeps their entries (`_recovery.listen_to_tiers`), lest the put lose its copy
         #: between its write and the flush that makes it durable
         self.syncing: set[bytes] = set()
+        #: flushes begun so far, and whether one runs now: an exclusive promotion asked for
+        #: before a flush began, or ending while one runs, keeps its durable source (`_moves`)
+        self.flushes_begun = 0
+        self.flushing = False
         #: public calls in progress, and the event close waits on for them to end
         self.active = 0
         self.quiet = asyncio.Event()
