@@ -17,7 +17,8 @@ that nothing would ever evict, and never deletes a copy a later operation wrote.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -54,6 +55,8 @@ class KeyGate:
         self._released = released
         #: janitors not yet done: copies they will delete take space no evictor can free
         self.cleaning = 0
+        #: keys `watching` watches: [watchers, whether an operation asked for the key since]
+        self._watched: dict[bytes, list[int]] = {}
 
     def busy(self, key: bytes) -> bool:
         """Whether an operation holds or waits for `key` (or its cleanup is pending)."""
@@ -68,7 +71,36 @@ class KeyGate:
         operations that asked before; the key's dirty tiers are scrubbed first."""
         return _Hold(self, key)
 
+    @contextlib.contextmanager
+    def watching(self, keys: Sequence[bytes]) -> Iterator[Callable[[bytes], bool]]:
+        """For a read that awaits something about `keys` without holding them (a lookup on the
+        shared tier): a function that says whether an operation on the key ran since the watch
+        began (or was running as it began). `busy` sees only the operations still running; a delete that began and
+        ended while the read awaited went unseen, and the read adopted the value it had
+        deleted (after the delete returned)."""
+        watched = self._watched
+        for key in keys:
+            watch = watched.setdefault(key, [0, 0])
+            watch[0] += 1
+            if key in self._claims:  # one runs now: it may end before the read does
+                watch[1] = 1
+
+        def changed(key: bytes) -> bool:
+            return bool(watched[key][1])
+
+        try:
+            yield changed
+        finally:
+            for key in keys:
+                watch = watched[key]
+                watch[0] -= 1
+                if not watch[0]:
+                    del watched[key]
+
     def _enter(self, key: bytes) -> Claim:
+        watch = self._watched.get(key)
+        if watch is not None:
+            watch[1] = 1
         claim = self._claims.get(key)
         if claim is None:
             claim = self._claims[key] = Claim()

@@ -236,28 +236,32 @@ class Shared:
         if tier is None or index is None or not keys:
             return [None] * len(keys)
         st.counters.shared_lookups += len(keys)
-        try:
-            records = await st.guards[index].read(tier.fetch_many, keys)
-        except DeviceError as exc:
-            self._failed("a lookup", exc)
-            return [None] * len(keys)
-        self._reachable()
-        batch = {key: record for key, record in zip(keys, records, strict=True)
-                 if record is not None}
-        return [None if record is None else self._adopt(key, record, batch)
-                for key, record in zip(keys, records, strict=True)]
+        with st.keys.watching(keys) as changed:
+            try:
+                records = await st.guards[index].read(tier.fetch_many, keys)
+            except DeviceError as exc:
+                self._failed("a lookup", exc)
+                return [None] * len(keys)
+            self._reachable()
+            batch = {key: record for key, record in zip(keys, records, strict=True)
+                     if record is not None}
+            return [None if record is None else self._adopt(key, record, batch, changed)
+                    for key, record in zip(keys, records, strict=True)]
 
-    def _adopt(self, key: bytes, record: SharedRecord, batch: dict[bytes, SharedRecord]
-               ) -> Found | None:
-        """Index `record` as this engine's copy of `key` (no await: one step)."""
+    def _adopt(self, key: bytes, record: SharedRecord, batch: dict[bytes, SharedRecord],
+               changed: Callable[[bytes], bool]) -> Found | None:
+        """Index `record` as this engine's copy of `key` (no await: one step), unless an
+        operation on `key` ran or runs since the lookup began (`changed`, `busy`): a delete
+        that returned meanwhile removed what the server answered."""
         st, tier, index = self._st, self.tier, self.index
         assert tier is not None and tier.fleet is not None and index is not None
         traced = [key, *self._ancestors(record, batch)]
         if tier.fleet.stale(record.stamp, traced) or any(k in self._held_back for k in traced):
             st.counters.shared_stale += 1
             return None
-        if key in st.index or st.keys.busy(key):
-            st.counters.shared_busy += 1  # a put or delete of the key runs here: its value wins
+        if key in st.index or st.keys.busy(key) or changed(key):
+            # a put or delete of the key runs, or ran, here: its value wins
+            st.counters.shared_busy += 1
             return None
         if tier.footprint(record.meta.nbytes) > tier.capacity - tier.used:
             # this engine's share of the server is full: the record is served, not held (held,
