@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests._shapes import Obj, Shape
-from tierkv.config import SchedulerConfig
+from tierkv.config import EvictionPolicy, SchedulerConfig
 from tierkv.scheduler import (
     Demote,
     Drop,
@@ -133,6 +133,22 @@ def test_an_expired_plan_holds_only_while_its_object_stays_idle() -> None:
     scheduler.removed(0, b"a")
     assert not scheduler.still_idle(plan)
     assert scheduler.still_idle(Demote(b"a", 1, 10, 0, 1))  # the evictor's: no idleness asked
+
+
+@pytest.mark.parametrize("policy", list(EvictionPolicy), ids=lambda p: p.value)
+def test_a_read_makes_every_copy_of_the_object_recent(policy: EvictionPolicy) -> None:
+    """Under `lru` a read served by the first tier touched that tier's copy only: the copy
+    below aged as if never read, and expired or was evicted, taking the object with it."""
+    scheduler = Scheduler(hierarchy(), SchedulerConfig(policy=policy))
+    objects = {b"hot": Obj(b"hot", locations=[0, 1]), b"cold": Obj(b"cold", locations=[1])}
+    for tier in (0, 1):
+        scheduler.admitted(tier, b"hot", 1.0)
+    scheduler.admitted(1, b"cold", 2.0)
+    scheduler.accessed(0, b"hot", 8.0)  # served by the first tier
+    assert [plan.key for plan in scheduler.expired(1, 5.0, lambda key: False, objects.get)] \
+        == [b"cold"]
+    [victim] = scheduler.departures(1, 1, lambda key: False, objects.get)
+    assert victim.key == b"cold"
 
 
 @pytest.mark.parametrize("enabled", [True, False])

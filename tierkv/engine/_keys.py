@@ -75,9 +75,9 @@ class KeyGate:
     def watching(self, keys: Sequence[bytes]) -> Iterator[Callable[[bytes], bool]]:
         """For a read that awaits something about `keys` without holding them (a lookup on the
         shared tier): a function that says whether an operation on the key ran since the watch
-        began (or was running as it began). `busy` sees only the operations still running; a delete that began and
-        ended while the read awaited went unseen, and the read adopted the value it had
-        deleted (after the delete returned)."""
+        began (or was running as it began). `busy` sees only the operations still running: a
+        delete that began and ended while the read awaited went unseen, and the read adopted
+        the value it had deleted (after the delete returned)."""
         watched = self._watched
         for key in keys:
             watch = watched.setdefault(key, [0, 0])

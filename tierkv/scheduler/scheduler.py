@@ -125,8 +125,13 @@ class Scheduler:
         self._newest_rank[tier] = self.book.rank(score)
 
     def accessed(self, tier: int, key: bytes, now: float) -> None:
+        """`key` was read at `now` (served by `tier`): every tier's copy of it is as recent.
+        Only the serving tier's, a copy below one that served every read aged there as if
+        unread: its tier's ttl or evictor took it, and with it the object (a drop takes the
+        copies above it) — the hottest object missed 50 of 60 reads, under `lru`."""
         if not self.scored:
-            self.policies[tier].touch(key, now)
+            for policy in self.policies:  # a no-op where the policy does not hold it
+                policy.touch(key, now)
             return
         score = self.book.access(key, now)
         if score is None:
