@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
@@ -163,14 +163,19 @@ class CopyOps:
             st.refused_delete(entry.key, tier)
         return last
 
-    async def discard(self, entry: IndexEntry, claim: Claim, *, keep_shared: bool = False
-                      ) -> None:
+    async def discard(self, entry: IndexEntry, claim: Claim, *, keep_shared: bool = False,
+                      spare: Collection[int] = ()) -> None:
         """Delete every copy of an entry already detached from the index; `keep_shared`: the
-        shared tier's copy is only forgotten, not deleted (another engine invalidated it)."""
+        shared tier's copy is only forgotten, not deleted (another engine invalidated it);
+        `spare`: those tiers' copies are only forgotten, left on media for the caller to
+        delete, their tiers marked dirty (scrubbed if the caller fails)."""
         st = self._st
         for tier in list(entry.locations):
             device = st.tiers[tier]
-            if keep_shared and device.shared:
+            if tier in spare:
+                st.index.remove_copy(entry, tier)
+                claim.mark(tier)
+            elif keep_shared and device.shared:
                 st.index.remove_copy(entry, tier)
                 device.forget(entry.key)
                 st.spaces[tier].freed()

@@ -55,15 +55,17 @@ class Writes:
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
             rewrites = old is not None or st.dag.has_children(key)
-            # write-through: the old value's persistent copies must not outlive the new one's
-            # acknowledgement either (a tombstone in the log's unsynced head: the new value
-            # deleted later, a crash brought the old one back)
+            # write-through: the old value's persistent copies stay on media until the new one
+            # is (deleted first, a crash before the new value's flush lost the key's
+            # acknowledged value: a free in the pool, a tombstone sealed ahead of the new
+            # entry in the log), and go, synced, before the put returns (kept, a crash after
+            # the new value left the cache brought the old one back)
             superseded = ([tier for tier in old.locations if st.tiers[tier].persistent
                            and not st.tiers[tier].shared]
                           if old is not None and self._write_through else [])
             try:
                 if old is not None:
-                    await self._copies.discard(old, claim)
+                    await self._copies.discard(old, claim, spare=superseded)
                 entry = st.index.new_entry(key, meta)
                 first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
                 if first is None:
@@ -77,7 +79,8 @@ class Writes:
                     try:
                         placed = await self._copies.store(entry, payload, first, claim)
                         try:
-                            await self._make_durable(entry, payload, placed, claim, superseded)
+                            await self._make_durable(entry, payload, placed, claim)
+                            await self._drop_superseded(entry, superseded, claim)
                         except BaseException:
                             self._abandon(entry, claim)
                             raise
@@ -126,10 +129,23 @@ class Writes:
             raise TierFullError(f"write_through: no persistent tier ({names}) can hold an "
                                 f"object of {nbytes} bytes, so none could make it durable")
 
+    async def _drop_superseded(self, entry: IndexEntry, superseded: list[int], claim: Claim
+                               ) -> None:
+        """Write-through, the new value on media: delete the old value's copies left in the
+        `superseded` tiers (those the new value's writes did not replace: a tier's put
+        replaces the key's copy), the deletes synced."""
+        st = self._st
+        stale = [tier for tier in superseded if tier not in entry.locations]
+        for tier in stale:
+            if await self._copies.delete(entry.key, tier):
+                claim.clear(tier)
+            elif st.refused_delete is not None:  # the key's scrub retries; a flush records it
+                st.refused_delete(entry.key, tier)
+        await asyncio.gather(*(st.commits[tier].sync() for tier in stale))
+
     async def _make_durable(self, entry: IndexEntry, payload: Payload, placed: int,
-                            claim: Claim, superseded: list[int]) -> None:
-        """Write-through: a persistent tier holds the object, on media, before `put` returns,
-        and the deletes of the old value's copies in the `superseded` tiers are on media too."""
+                            claim: Claim) -> None:
+        """Write-through: a persistent tier holds the object, on media, before `put` returns."""
         st = self._st
         if not st.tiers[placed].persistent:
             durable = st.scheduler.durable_tier(entry.nbytes, placed + 1)
@@ -145,7 +161,7 @@ class Writes:
                 raise DeviceError(f"write_through: no persistent tier took an object of "
                                   f"{entry.nbytes} bytes (each failed)")
         failures = st.guards[placed].breaker.failures
-        await asyncio.gather(*(st.commits[tier].sync() for tier in {placed, *superseded}))
+        await st.commits[placed].sync()
         if placed not in entry.locations and not entry.detached:
             # a failed write dropped the copy, its error raised to an earlier flush, or a
             # reclaim found no room to keep it (a log full of copies waiting for their
