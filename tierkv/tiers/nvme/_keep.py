@@ -35,11 +35,13 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
     valuable (most read) first, as long as they leave
     `room` bytes of the new head free, so that a reclaim always makes the room it was for
     (an owner that valued every entry would otherwise have the log rewrite region after
-    region without freeing a byte)."""
+    region without freeing a byte). While at most half the log holds live entries, every
+    entry is copied forward, the valued first (`_mostly_free`)."""
     threshold = st.config.reinsert_hits
     worth = st.reclaim_worth
     if not threshold and worth is None:
         return []
+    ample = bool(threshold) and _mostly_free(st)
     budget = st.config.region_size - st.align - room
     budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
     candidates: list[tuple[float, bytes, int]] = []
@@ -52,7 +54,7 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
             value = loc.hits - threshold + 1 if threshold else 0
         elif not threshold and value != math.inf:
             continue  # copying forward is off: only what the owner must not lose
-        if value > 0:
+        if value > 0 or ample:
             candidates.append((value, key, loc.length))
     candidates.sort(key=lambda candidate: -candidate[0])  # stable: ties in index order
     chosen = []
@@ -61,3 +63,13 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
             budget -= length
             chosen.append(key)
     return chosen
+
+
+def _mostly_free(st: LogState) -> bool:
+    """Whether the live entries fill at most half the log. A FIFO log reclaims its oldest
+    region whether the log is full or not: each restart starts a new head region (the last
+    session's was sealed in place at close), and with few writes per session the log wrapped
+    round and dropped every cold object while nearly empty (60 of 60 acknowledged objects gone
+    after 13 restarts with 3 MB of a 15 MB log live). The cache drops only for room: copied
+    forward, a reclaim of a mostly free log costs a write of what is live in one region."""
+    return st.live * 2 <= st.region_count * st.config.region_size
