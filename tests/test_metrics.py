@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.engine._configs import hierarchy_config
 from tests.engine.conftest import l1_config
 from tierkv.health import BreakerState, MissStormAlert
 from tierkv.metrics import EngineMetrics, Histogram, register, unregister
+from tierkv.metrics.prometheus import EngineCollector
 from tierkv.testing import Stepped
 
 ALERT_BITS = 1.2  # [health] entropy_alert_bits, the default
@@ -244,6 +246,79 @@ async def test_tier_counters_never_decrease_while_gets_are_in_flight(tmp_path: P
             await cancelled.cancel()
         m = kv.metrics()
     assert m.tier("nvme").misses == m.misses == 0
+
+
+async def test_a_shared_miss_is_timed_as_a_miss_while_other_gets_hit(redis_url: str) -> None:
+    """A get that missed locally awaited the shared tier's lookup while another get hit the
+    first tier: the miss took that tier for the one that served it, and was timed (and
+    traced) as its hit: 200 of 200."""
+    config = l1_config()
+    config["tiers"].append({"name": "shared", "kind": "redis", "url": redis_url,
+                            "capacity": "8MiB"})
+    async with tierkv.open(config) as kv:
+        await kv.put("hot", b"x" * 100)
+
+        async def hit() -> None:
+            for _ in range(200):
+                assert await kv.get("hot") == b"x" * 100
+                await asyncio.sleep(0)
+
+        missed = await asyncio.gather(*(kv.get(f"absent/{i}") for i in range(200)), hit())
+        assert missed[:200] == [None] * 200
+        m = kv.metrics()
+    assert m.misses == m.miss_latency.count == 200
+    assert m.tier("l1").hits == m.tier("l1").get_latency.count == 200
+
+
+async def test_copies_the_logs_reclaim_drops_count_as_its_evictions(tmp_path: Path) -> None:
+    """`tierkv_tier_evictions_total` counts copies that left a tier for room: the log's own
+    reclaims were not counted (510 objects dropped, 0 evictions)."""
+    config = hierarchy_config(tmp_path, ("nvme",), nvme={"capacity": 8 << 20,
+                                                         "region_size": 1 << 20})
+    async with tierkv.open(config) as kv:
+        for i in range(200):
+            await kv.put(f"k{i}", os.urandom(100_000))
+        stats = kv.stats()["engine"]
+    assert stats["drops"] > 100
+    assert stats["evictions"] == {"nvme": stats["drops"]}
+
+
+def _scrape_until(stop: threading.Event, collectors: list[EngineCollector],
+                  outcomes: list[str]) -> None:
+    """From another thread: scrape the first collector registered, until `stop`."""
+    while not collectors and not stop.is_set():
+        time.sleep(0.0001)
+    while not stop.is_set():
+        try:
+            collectors[0].collect()
+        except Exception as exc:  # what the defect raised, after the timeout
+            outcomes.append(type(exc).__name__)
+            return
+
+
+async def _open_register_close(collectors: list[EngineCollector]) -> None:
+    kv = await tierkv.open(l1_config())
+    collectors.append(register(kv, CollectorRegistry(), timeout=2.0))
+    await asyncio.sleep(0.001)
+    await kv.close()
+
+
+def test_a_scrape_as_the_engines_loop_ends_reads_the_engine_directly() -> None:
+    """A scrape from another thread handed its snapshot to the engine's loop; when the loop
+    ended before running it, the scrape waited out its whole timeout and failed."""
+    outcomes: list[str] = []
+    for _ in range(40):
+        stop = threading.Event()
+        collectors: list[EngineCollector] = []
+        thread = threading.Thread(target=_scrape_until, args=(stop, collectors, outcomes))
+        thread.start()
+        try:
+            asyncio.run(_open_register_close(collectors))
+        finally:
+            stop.set()
+            thread.join(10)
+        assert not thread.is_alive()
+    assert outcomes == []
 
 
 @pytest.fixture

@@ -54,11 +54,11 @@ class Reads:
         st.counters.gets += 1
         found = await self._local(key)  # a hit sets `served` as it returns
         if found is None:
-            self.served = None
             if self._shared.tier is not None and key not in st.index:
                 found = (await self._shared.lookup([key]))[0]
-                if found is not None:
-                    self.served = self._shared.index
+            # set after the lookup's await, not before it: another get's hit meanwhile set it
+            # too, and a miss was counted as that tier's hit (latency, span)
+            self.served = None if found is None else self._shared.index
             if found is None:
                 st.counters.misses += 1
         st.scheduler.looked_up(key, found is not None)

@@ -164,8 +164,11 @@ class EngineState:
         the index forgets them."""
         for key in keys:
             entry = self.index.get(key)
-            if entry is not None and self.index.remove_copy(entry, tier):
-                self.counters.drops += 1
+            if entry is not None and tier in entry.locations:
+                # a copy that left its tier for room: an eviction, as the evictor's are
+                self.counters.evictions[self.names[tier]] += 1
+                if self.index.remove_copy(entry, tier):
+                    self.counters.drops += 1
 
     def lasting_elsewhere(self, entry: IndexEntry, tier: int) -> bool:
         """Whether a copy of `entry` other than `tier`'s outlives a restart (in a persistent

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -257,6 +258,10 @@ def _histograms(m: EngineMetrics | None) -> list[Metric]:
     return [gets, puts, many]
 
 
+#: how often a scrape waiting for the engine's loop checks that the loop still runs
+_SLICE = 0.05
+
+
 class EngineCollector:
     """A `prometheus_client` collector of one engine (see the module for threads and names)."""
 
@@ -277,15 +282,34 @@ class EngineCollector:
             running = None
         if running is loop or not loop.is_running():
             return self.engine.metrics()
-        future = asyncio.run_coroutine_threadsafe(self._take(), loop)
+        # a callback, not a coroutine: one the loop never ran (it stopped first) is dropped
+        # without a "never awaited" warning
+        future: concurrent.futures.Future[EngineMetrics] = concurrent.futures.Future()
         try:
-            return future.result(self._timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
+            loop.call_soon_threadsafe(self._take, future)
+        except RuntimeError:  # the loop closed since it was seen running
+            return self.engine.metrics()
+        deadline = time.monotonic() + self._timeout
+        # in slices: the loop may stop before it runs the snapshot (the engine's `asyncio.run`
+        # ending), which then never came, and the scrape waited its whole timeout to fail
+        while True:
+            try:
+                return future.result(max(0.0, min(_SLICE, deadline - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                stopped = not loop.is_running()
+                if stopped or time.monotonic() >= deadline:
+                    future.cancel()
+                    if stopped:
+                        return self.engine.metrics()
+                    raise
 
-    async def _take(self) -> EngineMetrics:
-        return self.engine.metrics()
+    def _take(self, future: concurrent.futures.Future[EngineMetrics]) -> None:
+        """On the loop: the snapshot into `future`, unless its scrape gave up."""
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(self.engine.metrics())
+            except Exception as exc:  # a defect: the scrape raises it
+                future.set_exception(exc)
 
     def describe(self) -> list[Metric]:
         return families(None)

@@ -107,8 +107,10 @@ def _open_fd(path: Path, create: bool, direct: bool) -> tuple[int, bool, bool]:
     fd: int | None = None
     if create:
         try:
-            # the log holds every tenant's data: readable by its owner only
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            # the log holds every tenant's data: readable by its owner only; made where a
+            # symlink points (O_EXCL on the link itself found it there: EEXIST, then the open
+            # below failed with "No such file or directory")
+            fd = os.open(os.path.realpath(path), flags | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             pass  # created by another opener since the stat: opened as it is, below
         except OSError as exc:

@@ -195,7 +195,10 @@ def _recreate(path: Path, kind: layout.PoolFile, capacity: int) -> pmemobj.Pool:
 def _create_file(path: Path, capacity: int) -> pmemobj.Pool:
     # Built under a temporary name and renamed into place once whole, so that a crash
     # during creation never leaves a half-made pool at the configured path (which a later
-    # open would refuse as "not a pool"). A leftover temporary is our own: remove it.
+    # open would refuse as "not a pool"). A leftover temporary is our own: remove it. Where a
+    # symlink points: renamed over the link itself, the pool left the link's target (a DAX
+    # mount) for the link's directory, and the link was gone.
+    path = Path(os.path.realpath(path))
     temporary = path.with_name(path.name + ".creating")
     temporary.unlink(missing_ok=True)
     pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME, layout.pool_size_for(capacity))
