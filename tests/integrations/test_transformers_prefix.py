@@ -12,6 +12,7 @@ leaves room for kernels (CUDA's) that round a bf16 logit once or twice different
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import AsyncIterator
@@ -300,6 +301,10 @@ async def test_bad_prompts_and_foreign_caches_are_refused(kv: tierkv.Engine) -> 
         await cache.load(tokens(40, seed=13).float())
     with pytest.raises(ValueError):
         PrefixCache(kv, model, model_id="llama@rev1", block_tokens=0)
+    with pytest.raises(TypeError, match="model_id"):  # accepted, then failed at `load`
+        PrefixCache(kv, model, model_id=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transformers model"):  # a bare AttributeError
+        PrefixCache(kv, object(), model_id="llama@rev1")  # type: ignore[arg-type]
     other = build_model("bf16-h6-kv2-d32")
     prompt = tokens(2 * BLOCK, seed=14)
     with pytest.raises(ValueError):  # a cache of another model's shape
@@ -312,6 +317,27 @@ async def test_bad_prompts_and_foreign_caches_are_refused(kv: tierkv.Engine) -> 
     with pytest.raises(ValueError):  # its tensors run past the tokens it holds
         await cache.store(prompt, static)
     assert not any([await kv.contains(key) for key in cache.keys(prompt)])
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "longrope"])
+async def test_a_rotary_embedding_that_depends_on_the_length_is_refused(
+        kv: tierkv.Engine, kind: str) -> None:
+    """Dynamic NTK scaling rotates a position by the whole sequence's length: a prefix cached
+    from one prompt is not what a longer prompt computes (logits off by 2e-3, factor 4), and
+    the cache was accepted."""
+    model = build_model(FP32)
+    scaled = copy.deepcopy(model.config)
+    # 5.x files the scaling under rope_parameters (rope_scaling is a deprecated alias of it)
+    scaled.rope_parameters = {"rope_type": kind, "factor": 4.0, "rope_theta": 10_000.0}
+    with pytest.raises(ValueError, match="depends on the sequence's length"):
+        PrefixCache(kv, _with_config(model, scaled), model_id="llama@rev1")
+
+
+def _with_config(model: LlamaForCausalLM, config: Any) -> LlamaForCausalLM:
+    """A shallow copy of `model` whose config is `config` (no new weights)."""
+    clone = copy.copy(model)
+    clone.config = config
+    return clone
 
 
 @pytest.mark.gpu

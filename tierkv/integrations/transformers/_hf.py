@@ -42,6 +42,25 @@ def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
     return found
 
 
+#: rope types whose rotation of a position depends on the length of the whole sequence: the
+#: keys of a prefix cached from one prompt differ from those a longer prompt computes
+_LENGTH_DEPENDENT_ROPE = frozenset({"dynamic", "longrope"})
+
+
+def check_static_rope(config: PretrainedConfig) -> None:
+    """`ValueError` for a rotary embedding whose rotation depends on the sequence's length
+    (dynamic NTK scaling, LongRoPE): a cached prefix would not be what a full recompute
+    computes (logits off by 2e-3 with dynamic scaling of 4)."""
+    params = rope_parameters(config)
+    layers = [p for p in params.values() if isinstance(p, dict)] or [params]
+    for layer in layers:
+        kind = layer.get("rope_type", layer.get("type"))
+        if kind in _LENGTH_DEPENDENT_ROPE:
+            raise ValueError(f"the model's rotary embedding ({kind!r} scaling) depends on the "
+                             "sequence's length: a cached prefix's keys would differ from a "
+                             "recompute's")
+
+
 def rope_theta(config: PretrainedConfig) -> float:
     """The model's rotary base; `ValueError` for a model with none or with several."""
     params = rope_parameters(config)

@@ -7,11 +7,12 @@ import logging
 import struct
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
 from tierkv.engine import Engine
 from tierkv.integrations.transformers._hf import (
     cache_layers,
+    check_static_rope,
     decoder_config,
     layout_of,
     new_cache,
@@ -81,11 +82,17 @@ class PrefixCache:
             raise ValueError(f"block_tokens must be a positive int, not {block_tokens!r}")
         if not isinstance(namespace, bytes):
             raise TypeError("namespace must be bytes")
+        if not isinstance(model_id, str) or not model_id:
+            raise TypeError(f"model_id must be a non-empty str, not {model_id!r}")
+        if not isinstance(getattr(model, "config", None), PretrainedConfig):
+            raise TypeError("model must be a transformers model (with a config), not "
+                            f"{type(model).__name__}")
         self.kv = kv
         self.model = model
         self.model_id = model_id
         self.namespace = namespace
         self._config = decoder_config(model)
+        check_static_rope(self._config)
         self.layout: BlockLayout = layout_of(model, block_tokens)
         self.rope_theta = (config_rope_theta(self._config) if rope_theta is None
                            else float(rope_theta))
