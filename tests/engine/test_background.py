@@ -397,3 +397,31 @@ async def test_a_put_waiting_for_room_cuts_the_demotions_linger_short(
     async with tierkv.open(config) as reopened:
         for key, value in values.items():
             assert await reopened.get(key) == value
+
+
+async def test_settle_returns_while_another_task_keeps_reading(tmp_path: Path) -> None:
+    """`settle` waits for the moves asked for before it, not for those another task's reads
+    go on asking for: it waited for an idle executor, and with a reader promoting objects
+    through a slow background budget it never returned."""
+    cfg = gpu_nvme(tmp_path, gpu={"capacity": 48 * 1024, "slot_size": 4096},
+                   scheduler={"policy": "lru", "background_bandwidth": "100KiB"})
+    async with tierkv.open(cfg) as kv:
+        keys = [f"k{i}" for i in range(60)]
+        for key in keys:
+            await kv.put(key, os.urandom(3000))
+        await kv.settle()
+        stop = asyncio.Event()
+        rng = random.Random(1)
+
+        async def read() -> None:
+            while not stop.is_set():
+                await kv.get_many(rng.sample(keys, 4))
+                await asyncio.sleep(0.001)
+
+        reader = asyncio.create_task(read())
+        try:
+            await asyncio.sleep(0.2)
+            await asyncio.wait_for(kv.settle(), 20)
+        finally:
+            stop.set()
+            await reader

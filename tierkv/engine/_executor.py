@@ -21,6 +21,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tierkv.engine._moves import Moves, Settling
@@ -39,13 +40,24 @@ log = logging.getLogger("tierkv.engine")
 Done = Callable[[bool | None], None]
 
 
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """A plan as submitted: `done` to call when it ends, the span of the call that submitted it
+    (`parent`), the flushes begun by then (`_moves.Moves.run`), its place in the order."""
+
+    plan: Plan
+    background: bool
+    done: Done | None
+    parent: Span | None
+    flushes: int
+    ticket: int
+
+
 class _Lane:
     __slots__ = ("queue", "ready")
 
     def __init__(self) -> None:
-        #: (plan, background, done, the span of the call that submitted it, the flushes
-        #: begun by then)
-        self.queue: deque[tuple[Plan, bool, Done | None, Span | None, int]] = deque()
+        self.queue: deque[_Submitted] = deque()
         self.ready = asyncio.Event()
 
 
@@ -64,8 +76,15 @@ class MoveExecutor:
         self._workers: list[asyncio.Task[None]] = []
         #: demotions waiting for their target's flush (strong references until they end)
         self._settling: set[asyncio.Task[None]] = set()
-        #: plans submitted and not yet ended (queued or running)
+        #: plans submitted and not yet ended (queued or running), and their tickets (in the
+        #: order submitted: `drain(before=)` waits for those below a mark only)
         self.in_flight = 0
+        #: of them, departures (the evictors' and expiries' moves; not promotions, shares)
+        self.departing = 0
+        self._open: set[int] = set()
+        self._next_ticket = 0
+        #: set (and replaced) whenever a plan ends
+        self._progress = asyncio.Event()
         #: callers of `drain` waiting now
         self._draining = 0
 
@@ -82,19 +101,48 @@ class MoveExecutor:
         submitting it (`_tracing`)."""
         lane = self._lanes[-1 if isinstance(plan, Promote | Share) else departs_from(plan)]
         parent = None if self._st.tracing is None else current_call()
-        lane.queue.append((plan, background, done, parent, self._st.flushes_begun))
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._open.add(ticket)
+        lane.queue.append(_Submitted(plan, background, done, parent, self._st.flushes_begun,
+                                     ticket))
+        self.departing += lane is not self._lanes[-1]
         self.in_flight += 1
         self._idle.clear()
         lane.ready.set()
 
-    async def drain(self) -> None:
-        """Wait until every plan submitted so far has ended. Meanwhile no demotion lingers for
-        company in its target's flush (`_linger`): this caller waits for them all."""
+    def mark(self) -> int:
+        """A mark for `drain(before=)`: the plans submitted so far are below it."""
+        return self._next_ticket
+
+    def open_before(self, mark: int) -> bool:
+        """Whether a plan submitted before `mark` has not ended yet."""
+        return bool(self._open) and min(self._open) < mark
+
+    async def drain(self, *, before: int | None = None) -> None:
+        """Wait until every plan submitted so far (those below the mark `before`) has ended.
+        Meanwhile no demotion lingers for company in its target's flush (`_linger`): this
+        caller waits for them all. Waiting for the executor to be idle instead, a caller never
+        returned while another task's reads kept asking for promotions."""
         self._draining += 1
         try:
             for commit in self._st.commits:
                 commit.hurry()
-            await self._idle.wait()
+            if before is None:
+                await self._idle.wait()
+            while before is not None and self.open_before(before):
+                await self._progress.wait()
+        finally:
+            self._draining -= 1
+
+    async def drain_departures(self) -> None:
+        """Wait until no departure is in flight (promotions and shares may be)."""
+        self._draining += 1
+        try:
+            for commit in self._st.commits:
+                commit.hurry()
+            while self.departing:
+                await self._progress.wait()
         finally:
             self._draining -= 1
 
@@ -111,31 +159,29 @@ class MoveExecutor:
             while not lane.queue:
                 lane.ready.clear()
                 await lane.ready.wait()
-            plan, background, done, parent, flushes = lane.queue.popleft()
-            await self._run(plan, background, done, parent, flushes)
+            await self._run(lane.queue.popleft())
 
-    async def _run(self, plan: Plan, background: bool, done: Done | None,
-                   parent: Span | None, flushes: int) -> None:
+    async def _run(self, item: _Submitted) -> None:
         outcome: bool | Settling | None = None
         try:
             outcome = await self._attempt(
-                self._moves.run(plan, background=background, parent=parent, flushes=flushes),
-                plan)
+                self._moves.run(item.plan, background=item.background, parent=item.parent,
+                                flushes=item.flushes), item.plan)
         finally:
             if isinstance(outcome, Settling):
-                task = asyncio.get_running_loop().create_task(self._settle(outcome, plan, done))
+                task = asyncio.get_running_loop().create_task(self._settle(outcome, item))
                 self._settling.add(task)
                 task.add_done_callback(self._settling.discard)
             else:
-                self._ended(plan, done, outcome)
+                self._ended(item, outcome)
 
-    async def _settle(self, settling: Settling, plan: Plan, done: Done | None) -> None:
+    async def _settle(self, settling: Settling, item: _Submitted) -> None:
         outcome = None
         try:
             outcome = await self._attempt(
-                self._moves.settle(settling, linger=self._linger(settling)), plan)
+                self._moves.settle(settling, linger=self._linger(settling)), item.plan)
         finally:
-            self._ended(plan, done, outcome)
+            self._ended(item, outcome)
 
     def _linger(self, settling: Settling) -> float:
         """How long the target's flush may wait for more demotions before it covers this one
@@ -163,12 +209,17 @@ class MoveExecutor:
             log.exception("a move failed unexpectedly; the object stays where it was")
         return None
 
-    def _ended(self, plan: Plan, done: Done | None, outcome: bool | Settling | None) -> None:
+    def _ended(self, item: _Submitted, outcome: bool | Settling | None) -> None:
         """A plan's last step, whichever way it ended (``None``: failed or cancelled)."""
         st = self._st
+        plan, done = item.plan, item.done
         self.in_flight -= 1
         if not self.in_flight:
             self._idle.set()
+        self.departing -= not isinstance(plan, Promote | Share)
+        self._open.discard(item.ticket)
+        self._progress.set()
+        self._progress = asyncio.Event()
         entry = st.index.get(plan.key)
         if entry is not None and entry.generation == plan.generation:
             entry.moving = False

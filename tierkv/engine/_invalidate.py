@@ -21,12 +21,16 @@ runs here `local`ly: local copies deleted, shared copies only forgotten, nothing
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from tierkv._concurrency import outlive_cancel
 from tierkv.engine._shared import Shared
 from tierkv.engine._state import EngineState
 from tierkv.engine._writes import Writes
+
+#: keys a cascade removes between two turns of the event loop
+YIELD_EVERY = 128
 
 
 class Invalidations:
@@ -142,11 +146,15 @@ class Invalidations:
                 hold(child)
             # breadth-first order reversed: a key goes before the one that linked it into the
             # order, so a kept key's path from `key` is kept too
-            for child in reversed(pending):
+            for turn, child in enumerate(reversed(pending), 1):
                 if await self._writes.delete(child, keep_shared=local):
                     removed += 1
                     st.counters.cascaded += 1
                 st.index.unlink(child)  # a key never stored: no edges either
+                if not turn % YIELD_EVERY:
+                    # deletes from the pool and the first tier complete without suspending:
+                    # 5,451 of them held the loop 136 ms, every other call waiting
+                    await asyncio.sleep(0)
             if root:
                 removed += await self._writes.delete(key, keep_shared=local)
                 root = False

@@ -55,7 +55,7 @@ class KeyGate:
         self._released = released
         #: janitors not yet done: copies they will delete take space no evictor can free
         self.cleaning = 0
-        #: keys `watching` watches: [watchers, whether an operation asked for the key since]
+        #: keys `watching` watches: [watchers, operations that asked for the key meanwhile]
         self._watched: dict[bytes, list[int]] = {}
 
     def busy(self, key: bytes) -> bool:
@@ -77,16 +77,19 @@ class KeyGate:
         shared tier): a function that says whether an operation on the key ran since the watch
         began (or was running as it began). `busy` sees only the operations still running: a
         delete that began and ended while the read awaited went unseen, and the read adopted
-        the value it had deleted (after the delete returned)."""
+        the value it had deleted (after the delete returned). Each watch compares against the
+        key's count of operations at its own start: overlapping watches sharing one flag kept
+        refusing, for as long as tight loops of gets kept one in flight, a key deleted once."""
         watched = self._watched
+        started: dict[bytes, int] = {}
         for key in keys:
             watch = watched.setdefault(key, [0, 0])
             watch[0] += 1
-            if key in self._claims:  # one runs now: it may end before the read does
-                watch[1] = 1
+            # one running now may end before the read does: as if it came after the start
+            started[key] = watch[1] - (key in self._claims)
 
         def changed(key: bytes) -> bool:
-            return bool(watched[key][1])
+            return watched[key][1] != started[key]
 
         try:
             yield changed
@@ -100,7 +103,7 @@ class KeyGate:
     def _enter(self, key: bytes) -> Claim:
         watch = self._watched.get(key)
         if watch is not None:
-            watch[1] = 1
+            watch[1] += 1
         claim = self._claims.get(key)
         if claim is None:
             claim = self._claims[key] = Claim()

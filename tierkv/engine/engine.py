@@ -354,13 +354,19 @@ class Engine(ReadCalls, ObserveCalls):
         acted on every cue (a tier short of space) and the moves and cleanups they and the
         gets started are done. Tests and benchmarks use it to observe a quiet hierarchy."""
         st = self._st
+        executor = self._executor
         async with self._call():
+            # the moves asked for so far, not those other tasks' reads ask for meanwhile (with
+            # a reader that never stops, waiting for an idle executor never returned)
+            mark = executor.mark()
             while True:
                 await asyncio.sleep(0)  # a turn of the loop for evictors holding a fresh cue
-                if self._executor.in_flight:
-                    await self._executor.drain()
+                if executor.open_before(mark):
+                    await executor.drain(before=mark)
                 elif st.tasks:
                     await st.drain_tasks()
+                elif executor.departing:  # what the evictors planned for the cues
+                    await executor.drain_departures()
                 elif not any(space.cue.is_set() for space in st.spaces):
                     return
 
