@@ -24,7 +24,8 @@ import tierkv
 from tests.engine._configs import KiB, MiB, hierarchy_config
 from tierkv.formats.nvme_layout import SUPERBLOCK_SIZE
 
-_CHILD = """
+#: the children's start: 40 objects put and flushed
+_FILLED = """
 import asyncio, json, sys
 import tierkv
 
@@ -36,7 +37,9 @@ async def main(cfg):
     for i in range(40):
         await kv.put(f"k{i}", value(i))
     await kv.flush()
-    for i in range(34, 40):  # room on top: the promotions need no eviction
+"""
+
+_CHILD = _FILLED + """    for i in range(34, 40):  # room on top: the promotions need no eviction
         assert await kv.delete(f"k{i}")
     await kv.flush()
     for i in range(4):  # reads of what only the pool holds: each a hit below, promoted
@@ -215,19 +218,7 @@ async def test_a_write_through_overwrite_keeps_the_old_value_from_coming_back(
         assert await reopened.get("k") in (None, b"v2" * 30_000)  # never v1
 
 
-_EXCLUSIVE_CHILD = """
-import asyncio, json, sys
-import tierkv
-
-def value(i):
-    return bytes([i]) * (20_000 + i)
-
-async def main(cfg):
-    kv = await tierkv.open(cfg)
-    for i in range(40):
-        await kv.put(f"k{i}", value(i))
-    await kv.flush()
-    for i in range(30, 40):  # room on top: the promotions need no eviction
+_EXCLUSIVE_CHILD = _FILLED + """    for i in range(30, 40):  # room on top for the promotions
         assert await kv.delete(f"k{i}")
     await kv.settle()
     below = [i for i in range(30) if await kv.locate(f"k{i}") == "pmem"]
