@@ -299,10 +299,27 @@ class Writes:
                 await self._copies.discard(entry, claim, keep_shared=keep_shared)
             if on_server and shared is not None and not held_shared:
                 await self._copies.delete(key, shared)
-            if entry is not None and on_server and self._write_through:
+            dropped_record = entry is None and on_server and await self._forget_dropped(key)
+            if (entry is not None or dropped_record) and on_server and self._write_through:
                 # a public delete (an invalidation syncs once, after its whole cascade)
                 await self._sync_deletes()
             return entry is not None
+
+    async def _forget_dropped(self, key: bytes) -> bool:
+        """A public delete of a key this engine does not hold: the logs delete a record of it
+        that their reclaim dropped a moment ago and a crash would bring back (its region's
+        new header not on media yet); whether one did."""
+        st = self._st
+        found = False
+        for tier, device in enumerate(st.tiers):
+            if device.reclaims_space and device.persistent and not device.shared:
+                try:
+                    if await st.guards[tier].delete(device.delete, key):
+                        st.commits[tier].note()
+                        found = True
+                except DeviceError as exc:  # nothing it held is lost; counted
+                    st.device_failed(tier, "a delete", exc)
+        return found
 
     async def _sync_deletes(self) -> None:
         """Write-through: a delete that returned is on media. Every persistent tier holding a

@@ -287,6 +287,8 @@ class RegionLog:
             st.forget(key)
         victim.live = 0
         dropped = [key for key in keys if key not in reinserted]
+        if dropped:
+            st.pending_drops.setdefault(victim.index, set()).update(dropped)
         st.counters["regions_reclaimed"] += 1
         st.counters["entries_dropped"] += len(dropped)
         st.drop(dropped)
@@ -322,6 +324,8 @@ class RegionLog:
                 dropped.append(entry.key)
         st.counters["entries_dropped"] += len(dropped)
         st.counters["reserve_reclaims"] += 1
+        if dropped:
+            st.pending_drops.setdefault(victim.index, set()).update(dropped)
         st.drop(dropped)
         seq, st.next_seq = st.next_seq, st.next_seq + 1
         waiting = [r for r in st.regions if victim.index in r.shadows]

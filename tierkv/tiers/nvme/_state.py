@@ -55,7 +55,8 @@ class LogState:
     __slots__ = ("changed", "config", "counters", "damaged", "device", "failures",
                  "failures_raised",
                  "flushes", "head", "index", "io", "last_flush", "live", "lock", "lost", "name",
-                 "next_seq", "on_drop", "pool", "reclaim_worth", "recovered_from",
+                 "next_seq", "on_drop", "pending_drops", "pool", "reclaim_worth",
+                 "recovered_from",
                  "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
                  "superseded", "tick",
                  "write_error")
@@ -90,6 +91,10 @@ class LogState:
         #: keys dropped and not yet returned by a `put` (which returns them all, see `drop`)
         self.lost: list[bytes] = []
         self.superseded: list[Superseded] = []
+        #: keys a reclaim dropped, by the region they were in, until that region's next header
+        #: is on media: till then a crash brings their records back, so a delete of one writes a
+        #: tombstone although the index no longer holds it (`NvmeTier.delete`)
+        self.pending_drops: dict[int, set[bytes]] = {}
         #: False only for close's last flush: a region whose write failed is then a last resort
         self.reuse_failed = True
         #: the last write or sync failure, how many there were, and how many of them a flush

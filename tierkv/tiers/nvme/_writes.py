@@ -46,6 +46,7 @@ class RegionWrites:
                 region.failed = exc  # the old header stands: `waiting` keep waiting
         else:
             region.header_written = True
+            st.pending_drops.pop(region.index, None)
             for other in waiting:
                 other.shadows.discard(region.index)
         st.changed.set()  # `settle_superseded` may wait for either outcome
@@ -68,6 +69,7 @@ class RegionWrites:
                 region.failed = exc
         else:
             st.counters["bytes_written"] += st.align
+            st.pending_drops.pop(region.index, None)
             for other in waiting:
                 other.shadows.discard(region.index)
         finally:

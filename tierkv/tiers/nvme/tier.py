@@ -316,9 +316,12 @@ class NvmeTier(Tier):
             if st.superseded:
                 await self._log.settle_superseded()
             meta = st.index.meta(key)
-            if meta is None:
+            if meta is None and not any(key in keys for keys in st.pending_drops.values()):
                 return False
-            tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, meta.generation)
+            # a key a reclaim dropped whose region's new header is not on media yet: its
+            # record there comes back after a crash, unless a tombstone follows it (a delete
+            # that returned, then a kill -9, served the deleted value again)
+            tomb = ObjectMeta(ValueKind.BYTES, "", (), 0, 0 if meta is None else meta.generation)
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
             size = entry_size(len(header), 0, st.grain)
             await self._log.make_room(size)
