@@ -18,7 +18,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tierkv._cli_signals import run
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
 
 from tierkv._cli_common import config_for as _config_for
 from tierkv._cli_common import console, refuse_tier_media, scratch_dir
+from tierkv._cli_progress import Bar
 
 #: requests a ``--quick`` trace replay takes from the start of the trace
 TRACE_QUICK_REQUESTS = 1000
@@ -44,30 +44,6 @@ TRACE_QUICK_REQUESTS = 1000
 FAULTS_QUICK_OPERATIONS = 2000
 
 # -- bench ---------------------------------------------------------------------------------------
-class _Bar:
-    """A rich progress bar with one line per benchmark phase, shown from the first phase on:
-    started before the config was checked, it left a blank line above a config error."""
-
-    def __init__(self, progress: Progress) -> None:
-        self._progress = progress
-        self._tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._tasks:
-            self._progress.stop()
-
-    def __call__(self, phase: str, done: int, total: int) -> None:
-        if not self._tasks:
-            self._progress.start()
-        task = self._tasks.get(phase)
-        if task is None:
-            task = self._tasks[phase] = self._progress.add_task(phase, total=total)
-        self._progress.update(task, completed=done, total=total)
-
-
 #: the options only a trace replay reads, and their defaults
 TRACE_OPTIONS = {"capacity": "2%,5%,10%,25%", "policy": "tierkv", "block_size": "16KiB"}
 
@@ -85,9 +61,7 @@ def run_bench(args: argparse.Namespace) -> int:
     trace = _trace_job(args) if args.trace is not None else None
     results: dict[str, Any] = {}
     rows: list[Row] = []
-    progress = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn(
-        "{task.completed}/{task.total}"), TimeElapsedColumn(), console=console, transient=True)
-    with _config_for(args.config, args.workdir) as config, _Bar(progress) as bar:
+    with _config_for(args.config, args.workdir) as config, Bar() as bar:
         if args.json is not None:  # the tiers are known only now, and no job has run yet
             refuse_tier_media("--json", args.json, config)
         for name, job in _bench_jobs(args, config, trace):
@@ -197,8 +171,8 @@ def _refuse_inputs(args: argparse.Namespace) -> None:
                               "overwritten")
 
 
-Job = Callable[[_Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
-TraceJob = Callable[[Config, _Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
+Job = Callable[[Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
+TraceJob = Callable[[Config, Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
 
 
 def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None = None
@@ -261,7 +235,7 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
     return jobs
 
 
-async def _fault_soak(config: Config, plan: FaultPlan, args: argparse.Namespace, bar: _Bar
+async def _fault_soak(config: Config, plan: FaultPlan, args: argparse.Namespace, bar: Bar
                       ) -> tuple[dict[str, Any], list[Row]]:
     from tierkv.bench.faults import run_fault_soak
 
@@ -280,19 +254,19 @@ async def _fault_soak(config: Config, plan: FaultPlan, args: argparse.Namespace,
     return result, rows
 
 
-async def _scheduler_bench(quick: bool, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+async def _scheduler_bench(quick: bool, bar: Bar) -> tuple[dict[str, Any], list[Row]]:
     from tierkv.bench.scheduler import run_scheduler_bench
 
     return run_scheduler_bench(quick=quick, progress=bar)
 
 
 async def _engine_case(case: Callable[..., Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]],
-                       config: Config, quick: bool, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+                       config: Config, quick: bool, bar: Bar) -> tuple[dict[str, Any], list[Row]]:
     return await case(config, quick=quick, progress=bar)
 
 
 async def _workload(
-    config: Config, args: argparse.Namespace, bar: _Bar
+    config: Config, args: argparse.Namespace, bar: Bar
 ) -> tuple[dict[str, Any], list[Row]]:
     from tierkv.bench.engine import scratch_media, workload
     from tierkv.engine import open as open_engine
@@ -332,7 +306,7 @@ def _trace_job(args: argparse.Namespace) -> TraceJob:
     if not requests:
         raise ConfigError(f"--trace: {args.trace} holds no request")
 
-    async def job(config: Config, bar: _Bar) -> tuple[dict[str, Any], list[Row]]:
+    async def job(config: Config, bar: Bar) -> tuple[dict[str, Any], list[Row]]:
         from tierkv.bench.trace import replay
 
         result, rows = await replay(config, requests, capacities=capacities, policy=policy,
@@ -362,7 +336,7 @@ def _capacities(text: str) -> tuple[float, ...]:
 
 
 async def _device_bench(
-    device: str, args: argparse.Namespace, bar: _Bar
+    device: str, args: argparse.Namespace, bar: Bar
 ) -> tuple[dict[str, Any], list[Row]]:
     workdir: Path = args.workdir
     scratch = scratch_dir(shm_or(workdir) if device == "pmem" else workdir)
