@@ -76,12 +76,11 @@ class MoveExecutor:
         self._workers: list[asyncio.Task[None]] = []
         #: demotions waiting for their target's flush (strong references until they end)
         self._settling: set[asyncio.Task[None]] = set()
-        #: plans submitted and not yet ended (queued or running), and their tickets (in the
-        #: order submitted: `drain(before=)` waits for those below a mark only)
-        self.in_flight = 0
+        #: the tickets of the plans submitted and not yet ended (queued or running), numbered
+        #: in the order submitted: `drain(before=)` waits for those below a mark only
+        self._open: set[int] = set()
         #: of them, departures (the evictors' and expiries' moves; not promotions, shares)
         self.departing = 0
-        self._open: set[int] = set()
         self._next_ticket = 0
         #: set (and replaced) whenever a plan ends
         self._progress = asyncio.Event()
@@ -107,9 +106,13 @@ class MoveExecutor:
         lane.queue.append(_Submitted(plan, background, done, parent, self._st.flushes_begun,
                                      ticket))
         self.departing += lane is not self._lanes[-1]
-        self.in_flight += 1
         self._idle.clear()
         lane.ready.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Plans submitted and not yet ended (queued or running)."""
+        return len(self._open)
 
     def mark(self) -> int:
         """A mark for `drain(before=)`: the plans submitted so far are below it."""
@@ -213,11 +216,10 @@ class MoveExecutor:
         """A plan's last step, whichever way it ended (``None``: failed or cancelled)."""
         st = self._st
         plan, done = item.plan, item.done
-        self.in_flight -= 1
-        if not self.in_flight:
+        self._open.discard(item.ticket)
+        if not self._open:
             self._idle.set()
         self.departing -= not isinstance(plan, Promote | Share)
-        self._open.discard(item.ticket)
         self._progress.set()
         self._progress = asyncio.Event()
         entry = st.index.get(plan.key)
