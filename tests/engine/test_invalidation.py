@@ -354,7 +354,7 @@ async def test_a_child_put_during_its_parents_invalidation_ends_invalidated(
         late = asyncio.create_task(kv.put(b"late-child", b"L", parents=[b"root"]))
         removed = await invalidation
         await late
-        assert removed == 202  # root, 200 children and the late one
+        assert removed == 201  # root and 200 children: the late one was never stored
         assert await kv.get(b"late-child") is None
         assert await kv.get_many([b"c%d" % i for i in range(200)]) == [None] * 200
 
@@ -374,8 +374,52 @@ async def test_a_child_put_again_during_its_parents_invalidation_ends_invalidate
         # the invalidation removed the child and now syncs the persistent tiers
         assert not invalidation.done()
         await kv.put(b"child", b"new", parents=[b"root"])
-        assert await invalidation == 3  # root, the child and the child put again
+        assert await invalidation == 2  # root and the child: put again, it was never stored
         assert await kv.get(b"child") is None
+
+
+async def test_a_stream_of_child_puts_does_not_keep_an_invalidation_from_ending(
+        tmp_path: Path) -> None:
+    """Children put without pause under a parent being invalidated: the invalidation returns
+    (each pass used to find the children put during the one before, and never ended), and each
+    child put during it ends invalidated."""
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put(b"root", b"R")
+        for i in range(50):
+            await kv.put(b"old%d" % i, b"o" * 4096, parents=[b"root"])
+        stop = asyncio.Event()
+        put_during: list[bytes] = []
+        invalidating = asyncio.Event()
+        returned = asyncio.Event()
+
+        async def producer(name: bytes) -> None:
+            count = 0
+            while not stop.is_set():
+                key = b"%s-%d" % (name, count)
+                count += 1
+                started_during = invalidating.is_set()
+                await kv.put(key, b"n" * 4096, parents=[b"root"])
+                if started_during and not returned.is_set():
+                    put_during.append(key)  # began and returned while it ran
+
+        async def invalidate() -> int:
+            invalidating.set()
+            removed = await kv.invalidate(b"root")
+            returned.set()
+            return removed
+
+        producers = [asyncio.create_task(producer(b"p%d" % i)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        invalidation = asyncio.create_task(invalidate())
+        await asyncio.wait([invalidation], timeout=20)
+        ended = invalidation.done()
+        stop.set()  # a cascade that did not end ends once the stream stops
+        await asyncio.gather(*producers)
+        removed = await invalidation
+        assert ended, "the invalidation did not end under a stream of child puts"
+        assert removed >= 51
+        assert await kv.get_many([b"old%d" % i for i in range(50)]) == [None] * 50
+        assert put_during and await kv.get_many(put_during) == [None] * len(put_during)
 
 
 async def test_no_get_returns_an_invalidated_value_once_invalidate_returned(

@@ -4,9 +4,13 @@ A write to an existing key, `invalidate(key)` and `invalidate_model(name)` remov
 derived from the old value (`Dag.descendants`), one key at a time under that key's own gate (so
 no two keys are ever held at once and no two invalidations can deadlock). Keys removed so far are
 *doomed* until the invalidation returns: a put that names a doomed key as a parent while it runs
-links to it like any other, and the next pass removes that child too, so a child put concurrently
+is taken as made just before it and invalidated in its own call (`put_while_doomed`: it stores
+nothing and removes the key's old value and what derives from it), so a child put concurrently
 with its parent's invalidation ends invalidated, never orphaned and live — also one the
-invalidation had removed already and that was put again meanwhile. Before returning, every
+invalidation had removed already and that was put again meanwhile. A put that linked a child
+before its parent was doomed is found by the next pass; no put links one after, so a stream of
+child puts never keeps an invalidation from ending (each pass found the children put during the
+one before, and under a steady stream the passes never ended). Before returning, every
 persistent tier is synced (group commit), so the deletes — tombstones in the nvme log, frees in the
 pmem pool — are on media: no restart brings an invalidated object back. The last pass runs after
 that sync, and the call returns in the same step when it finds nothing new. An overwriting put
@@ -22,7 +26,9 @@ runs here `local`ly: local copies deleted, shared copies only forgotten, nothing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 
 from tierkv._concurrency import outlive_cancel
 from tierkv.engine._shared import Shared
@@ -34,12 +40,26 @@ YIELD_EVERY = 128
 
 
 class Invalidations:
-    __slots__ = ("_shared", "_st", "_writes")
+    __slots__ = ("_doomed", "_shared", "_st", "_writes")
 
     def __init__(self, state: EngineState, writes: Writes, shared: Shared) -> None:
         self._st = state
         self._writes = writes
         self._shared = shared
+        #: the keys the running cascades remove, each counted once per cascade that dooms it
+        self._doomed: Counter[bytes] = Counter()
+
+    async def put_while_doomed(self, key: bytes, parents: Iterable[bytes]) -> bool:
+        """Whether a running invalidation removes one of `parents` of a put of `key`: the put
+        is then made during that invalidation and ends invalidated (see the module): nothing
+        is stored, and `key`'s old value and what derives from it are removed, to the end
+        whatever the caller (`invalidate`)."""
+        doomed = self._doomed
+        if not doomed or not any(parent in doomed for parent in parents):
+            return False
+        await self.invalidate(key)
+        self._st.counters.puts += 1
+        return True
 
     async def invalidate(self, key: bytes, *, local: bool = False,
                          order: int | None = None) -> int:
@@ -48,7 +68,8 @@ class Invalidations:
         (None: no entry). Runs to its end even if the caller is cancelled meanwhile: cut short,
         it would leave some of the objects removed and the fleet told of none (`overwritten`
         has the same reason)."""
-        return await outlive_cancel(self._invalidate(key, local, order))
+        with self._dooming(key):
+            return await outlive_cancel(self._invalidate(key, local, order))
 
     async def _invalidate(self, key: bytes, local: bool, order: int | None) -> int:
         with self._shared.invalidating() as hold:
@@ -58,7 +79,26 @@ class Invalidations:
     async def below(self, key: bytes) -> int:
         """Remove everything derived from `key`, a node that holds no value (a model version,
         `invalidate_model`), to its end whatever the caller (see `invalidate`); how many."""
-        return await outlive_cancel(self.descendants(key, barrier=True))
+        with self._dooming(key):
+            return await outlive_cancel(self.descendants(key, barrier=True))
+
+    @contextlib.contextmanager
+    def _dooming(self, key: bytes) -> Iterator[None]:
+        """`key` doomed for the caller's whole call, not only its cascade's: a put between the
+        cascade's end and the caller's return (`outlive_cancel` resumes it a loop turn later)
+        derived from `key` is put during the call."""
+        self._doomed[key] += 1
+        try:
+            yield
+        finally:
+            self._release([key])
+
+    def _release(self, keys: Iterable[bytes]) -> None:
+        doomed = self._doomed
+        for key in keys:
+            doomed[key] -= 1
+            if doomed[key] <= 0:
+                del doomed[key]
 
     async def forget(self, key: bytes, order: int | None) -> int:
         """`invalidate(key, local=True)`: another engine invalidated `key`, in the fleet's
@@ -126,21 +166,34 @@ class Invalidations:
         through the edges their headers (and the departed-edges record) keep, so the next write
         or invalidation of `key` removes it. Removed nearest first, a crash after the first
         link of a chain left the rest of it where no write of `key` reached it any more."""
-        st = self._st
         doomed = {key}
-        if not barrier and not root and not st.dag.has_children(key):
+        if not barrier and not root and not self._st.dag.has_children(key):
             return 0, doomed  # the common overwrite: nothing derives from the old value
+        self._doomed[key] += 1
+        try:
+            removed = await self._passes(key, local, barrier, hold, root=root, doomed=doomed)
+        finally:
+            self._release(doomed)
+        return removed, doomed
+
+    async def _passes(self, key: bytes, local: bool, barrier: bool,
+                      hold: Callable[[bytes], None], *, root: bool, doomed: set[bytes]
+                      ) -> int:
+        """`_cascade`'s passes, until one after the last sync finds nothing new; how many
+        objects went. Each key found joins `doomed` (and the running cascades' count)."""
+        st = self._st
         removed = 0
         synced = False
         while True:
             pending = self._new_descendants(key, doomed)
             if not pending and not root:
                 if synced:
-                    return removed, doomed
+                    return removed
                 await self._sync()
                 synced = True
                 continue
             synced = False
+            self._doomed.update(child for child in pending if child not in doomed)
             doomed.update(pending)
             for child in pending:
                 hold(child)

@@ -214,7 +214,9 @@ class Engine(ReadCalls, ObserveCalls):
         `LimitExceededError`, also before anything changes. A new value removes everything
         derived from `key` so far, durably, before it is written (and what was put meanwhile
         after, before the call returns; a cancelled put whose value is in place finishes that
-        first): a crash never leaves the new value beside what derived from the old one.
+        first): a crash never leaves the new value beside what derived from the old one. A
+        put during an invalidation that removes one of `parents` ends invalidated (stores
+        nothing and removes the key's old value), as if made just before it.
 
         `latency_slo` (seconds per read, a positive finite real number: `TypeError` for a
         bool or another type, `ValueError` for the rest), if given, places the object in the
@@ -244,6 +246,8 @@ class Engine(ReadCalls, ObserveCalls):
                         if st.scheduler.profiles is None:
                             st.scheduler.profiles = await measure_profiles(st)
                 self._writes.check_put(raw, meta)
+                if await self._invalidations.put_while_doomed(raw, meta.parents):
+                    return
                 cascaded = await self._invalidations.before_overwrite(raw)
                 replaced = await self._writes.put(raw, meta, payload, latency_slo)
                 # the tier it went into first: its fastest copy as the put let go of the key
