@@ -92,6 +92,7 @@ class Shared:
         #: keys this engine is invalidating, with how many invalidations hold each
         #: (`invalidating`): no record of them is adopted meanwhile
         self._held_back: Counter[bytes] = Counter()
+        state.refused_shared_delete = self._refused_delete
 
     @contextlib.contextmanager
     def invalidating(self) -> Iterator[Callable[[bytes], None]]:
@@ -256,7 +257,12 @@ class Shared:
         st, tier, index = self._st, self.tier, self.index
         assert tier is not None and tier.fleet is not None and index is not None
         traced = [key, *self._ancestors(record, batch)]
-        if tier.fleet.stale(record.stamp, traced) or any(k in self._held_back for k in traced):
+        unpublished, held_back = self._unpublished, self._held_back
+        if tier.fleet.stale(record.stamp, traced) or any(
+                k in held_back or k in unpublished for k in traced):
+            # an invalidation or delete here the server has not taken yet: the record may be
+            # the value it removed (adopted, it stayed: the fleet's entry, once published, is
+            # this engine's own, which its follower skips)
             st.counters.shared_stale += 1
             return None
         if key in st.index or st.keys.busy(key) or changed(key):
@@ -331,6 +337,16 @@ class Shared:
             self._failed("an invalidation (kept, to publish once it answers)", exc)
             return False
         return True
+
+    def _refused_delete(self, key: bytes) -> None:
+        """The server did not delete `key`'s object (a delete, the scrub of a write): its
+        delete goes with the invalidations kept unpublished, sent again once it answers and
+        saved for the next open meanwhile (`save_cursor`), and its record is not adopted
+        until then. Left alone, the next lookup adopted the deleted value back, and other
+        engines read it from the server for good. Publishing it also drops other engines'
+        local copies of the key and what derives from them: misses, in a failure only."""
+        self._st.counters.shared_deletes_refused += 1
+        self._keep_unpublished([key])
 
     def _keep_unpublished(self, keys: Sequence[bytes]) -> None:
         unpublished = self._unpublished

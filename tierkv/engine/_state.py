@@ -83,6 +83,9 @@ class EngineState:
         #: called (on the loop, no await) when a persistent tier failed to delete a key's copy
         #: that the index no longer lists (`_tombstones`)
         self.refused_delete: Callable[[bytes, int], None] | None = None
+        #: called (on the loop, no await) when the shared tier failed to delete a key's object
+        #: (`_shared`: kept as an invalidation to publish, and never adopted meanwhile)
+        self.refused_shared_delete: Callable[[bytes], None] | None = None
         #: live pins per key (`_pins`): such a key's first-tier copy neither moves nor leaves
         self.pins: dict[bytes, int] = {}
         self.budget = ByteBudget(config.scheduler.migration_bandwidth)

@@ -60,8 +60,12 @@ class Tombstones:
     def refused(self, key: bytes, tier: int) -> None:
         """`tier` failed to delete `key`'s copy, which the index no longer lists."""
         device = self._st.tiers[tier]
-        if not device.persistent or device.shared:
-            return  # gone at the next open anyway; the shared tier has the fleet's log
+        if device.shared:
+            if self._st.refused_shared_delete is not None:  # deleted again by the fleet's log
+                self._st.refused_shared_delete(key)
+            return
+        if not device.persistent:
+            return  # gone at the next open anyway
         tiers = self._pending.setdefault(key, set())
         if tier not in tiers:
             tiers.add(tier)

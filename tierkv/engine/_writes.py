@@ -297,8 +297,10 @@ class Writes:
             held_shared = entry is not None and shared in entry.locations
             if entry is not None:
                 await self._copies.discard(entry, claim, keep_shared=keep_shared)
-            if on_server and shared is not None and not held_shared:
-                await self._copies.delete(key, shared)
+            if (on_server and shared is not None and not held_shared
+                    and not await self._copies.delete(key, shared)
+                    and st.refused_delete is not None):
+                st.refused_delete(key, shared)  # deleted again once the server answers
             dropped_record = entry is None and on_server and await self._forget_dropped(key)
             if (entry is not None or dropped_record) and on_server and self._write_through:
                 # a public delete (an invalidation syncs once, after its whole cascade)

@@ -78,6 +78,8 @@ class EngineCounters:
     #: them for the next), and those dropped because too many were kept while it was down
     shared_republished: int = 0
     shared_unpublished_dropped: int = 0
+    #: deletes of this engine's the server did not take, kept to publish (`_shared`)
+    shared_deletes_refused: int = 0
     #: circuit breakers: state changes ("tier:state" → count), and calls not made into a tier
     #: whose breaker was open (the caller read elsewhere or wrote to the next tier)
     breaker_transitions: Counter[str] = field(default_factory=Counter)

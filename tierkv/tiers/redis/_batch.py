@@ -63,8 +63,8 @@ class SetBatcher:
             failure = exc if isinstance(exc, DeviceError) else DeviceError(
                 f"{self._what}: the write was abandoned ({type(exc).__name__})")
             for _, future in batch:
-                if not future.done():
-                    future.set_exception(failure)
+                if not future.done():  # an error each: a raised one carries its traceback
+                    future.set_exception(DeviceError(str(failure)))
             if not isinstance(exc, DeviceError | asyncio.CancelledError):
                 raise
             return

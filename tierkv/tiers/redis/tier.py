@@ -227,7 +227,14 @@ class RedisTier(Tier):
         self._forget(key)
         # bounded by the round trip's own timeout (`_call`: the wait for a connection and the
         # answer); a caller cancelled here cancels only its future, never the round trip
-        await answered
+        try:
+            await answered
+        except BaseException:
+            # the future holds the error, whose traceback holds this frame: with the local,
+            # a cycle kept `payload` alive (a view lent by the gpu tier: every failed share
+            # held its slots until a full collection, and a full server made puts fail)
+            del answered
+            raise
         self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint, meta,
                               len(header), checksum(header)))
         return ()
