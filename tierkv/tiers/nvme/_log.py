@@ -96,7 +96,7 @@ class RegionLog:
         write_entry(head.buffer.view, at, sb.uuid, seq=head.seq, flags=flags, header=header,
                     payload=payload, size=size)
         head.used = at + size
-        if head.used - head.durable >= WRITE_CHUNK:
+        if head.durable and head.used - head.durable >= WRITE_CHUNK:
             self._writes.write_behind(head, whole_chunks=True)  # keep the device busy meanwhile
         if flags & TOMBSTONE:
             head.supersedes[key] = at + size
@@ -206,17 +206,10 @@ class RegionLog:
         st.reserve.free -= 1
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
         write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
-        region.used, region.durable, region.live = st.align, st.align, 0
+        # durable 0: nothing issued yet, so `place` writes nothing behind before the header
+        region.used, region.durable, region.live = st.align, 0, 0
         region.failed, region.failed_at, region.header_written = None, None, False
         region.supersedes = {}
-        # The new header (new seq) makes the region's old records stale on media, so a crash can
-        # never bring back what a reclaim dropped; only once it is written may regions
-        # superseding those records be reclaimed in turn. It is written in the background, first
-        # of the region's writes: awaiting it here held every put for the 10-40 ms the device
-        # took to serve it behind queue_depth 1 MiB writes, and left the device idle after.
-        waiting = [r for r in st.regions if region.index in r.shadows]
-        region.shadows.clear()  # empty already: a victim shadows nothing
-        spawn(self._writes.write_region_header(region, waiting), region.writes)
         region.last_access = st.tick
         st.head = region
         # they fit: they all came from one region of the same geometry
@@ -226,6 +219,20 @@ class RegionLog:
                        size=size)
             self.in_transit.pop(entry.key, None)
             st.counters["entries_reinserted"] += 1
+        if hot:
+            self._writes.pad(region)
+        # The new header (new seq) makes the region's old records stale on media, so a crash can
+        # never bring back what a reclaim dropped; only once it is written may regions
+        # superseding those records be reclaimed in turn. The entries the reclaim kept go in
+        # the same single write: the header alone on media made their old records (a flushed
+        # object's only durable copy, the log's membership record) stale while their new
+        # records were still in the buffer, and a `kill -9` then lost them. It is written in
+        # the background, first of the region's writes: awaiting it here held every put for the
+        # 10-40 ms the device took to serve it behind queue_depth 1 MiB writes.
+        waiting = [r for r in st.regions if region.index in r.shadows]
+        region.shadows.clear()  # empty already: a victim shadows nothing
+        region.durable = region.used
+        spawn(self._writes.write_region_header(region, waiting, region.used), region.writes)
 
     async def _reclaim(self, room: int) -> tuple[Region, list[HotEntry]]:
         """Free a victim region; returns it and the hot entries to copy into the new head, as
@@ -329,7 +336,12 @@ class RegionLog:
         st.drop(dropped)
         seq, st.next_seq = st.next_seq, st.next_seq + 1
         waiting = [r for r in st.regions if victim.index in r.shadows]
-        spawn(self._writes.write_empty(victim, seq, waiting), victim.writes)
+        # the entries kept went into the head's buffer: written out now, and the empty header,
+        # which makes their old records stale, only after them (`write_empty`)
+        carried = head if head is not None and len(hot) > len(dropped) else None
+        if carried is not None:
+            self._writes.write_behind(carried)
+        spawn(self._writes.write_empty(victim, seq, waiting, after=carried), victim.writes)
         st.reserve.hold(st.index, st.reserve.held)
 
     async def _read_hot(self, victim: Region, keys: list[bytes]) -> list[HotEntry]:

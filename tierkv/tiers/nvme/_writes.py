@@ -21,7 +21,7 @@ from tierkv.errors import DeviceError
 from tierkv.formats.nvme_layout import padding_size, write_padding, write_region_header
 from tierkv.tiers.nvme._regions import EARLIER, Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import LogState, log
-from tierkv.tiers.nvme._tasks import settle, spawn
+from tierkv.tiers.nvme._tasks import settle, spawn, wait_all
 from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 
 #: write-behind piece size, also the device-offset multiple the pieces are cut at
@@ -36,11 +36,13 @@ class RegionWrites:
     def __init__(self, state: LogState) -> None:
         self._st = state
 
-    async def write_region_header(self, region: Region, waiting: list[Region]) -> None:
-        """Write `region`'s new header; then `waiting` no longer wait for its old records."""
+    async def write_region_header(self, region: Region, waiting: list[Region], end: int
+                                  ) -> None:
+        """Write `region`'s new header, with the entries a reclaim copied into it (up to `end`),
+        in one write; then `waiting` no longer wait for its old records."""
         st = self._st
         try:
-            await self.write_buffer(region, 0, st.align, urgent=True)
+            await self.write_buffer(region, 0, end, urgent=True, whole=True)
         except DeviceError as exc:
             if region.failed is None:
                 region.failed = exc  # the old header stands: `waiting` keep waiting
@@ -51,13 +53,24 @@ class RegionWrites:
                 other.shadows.discard(region.index)
         st.changed.set()  # `settle_superseded` may wait for either outcome
 
-    async def write_empty(self, region: Region, seq: int, waiting: list[Region]) -> None:
+    async def write_empty(self, region: Region, seq: int, waiting: list[Region], *,
+                          after: Region | None = None) -> None:
         """Write a header of a new, empty use `seq` to the FREE `region` (reclaimed and kept
         FREE for the checkpoint): its old records are stale on media then, and `waiting` no
         longer wait for them. If the write fails the old header stands: `waiting` keep waiting
-        (until its next use's header is written) and it is reused like a failed region."""
+        (until its next use's header is written) and it is reused like a failed region.
+        `after`: the head the reclaim copied entries into, whose writes issued so far go
+        first; if one fails, the old header stands too (those entries' old records stay valid
+        on media until the region's next use)."""
         st = self._st
         _d, io, sb = st.dev_io()
+        if after is not None:
+            await wait_all(after.writes)  # those issued so far: not the later ones too
+            if after.failed is not None:
+                if region.state is RegionState.FREE and region.failed is None:
+                    region.failed = after.failed
+                st.changed.set()
+                return
         buf = st.pool.acquire(st.align)
         try:
             write_region_header(buf.view, sb.uuid, seq, region.index, st.align)
@@ -160,7 +173,10 @@ class RegionWrites:
         st.changed.set()
 
     async def write_buffer(self, region: Region, start: int, end: int, *,
-                           urgent: bool = False) -> None:
+                           urgent: bool = False, whole: bool = False) -> None:
+        """Write `region`'s buffer ``[start, end)`` to its place on the device, in pieces split
+        at chunk boundaries unless `whole` (one write: a region's header with what must reach
+        the media with it)."""
         st = self._st
         _d, io, _sb = st.dev_io()
         assert region.buffer is not None
@@ -171,7 +187,7 @@ class RegionWrites:
                               end, WRITE_CHUNK), end]
         failed_from = start
         try:
-            if len(cuts) == 2:
+            if len(cuts) == 2 or whole:
                 await io.write(buffer, base + start, end - start, start, urgent=urgent)
             else:
                 # every piece ends before a failure is raised: the buffer is released after it
@@ -197,7 +213,7 @@ class RegionWrites:
         """
         st = self._st
         if not whole_chunks:
-            self._pad(region)
+            self.pad(region)
         start, end = region.durable, region.used
         if whole_chunks:
             base = st.offset(region.index)
@@ -207,7 +223,7 @@ class RegionWrites:
         region.durable = end  # issued: the task below writes it whatever happens to its caller
         spawn(self._write_range(region, start, end), region.writes)
 
-    def _pad(self, region: Region) -> None:
+    def pad(self, region: Region) -> None:
         """End `region`'s records on a device-block boundary with a padding record; no await."""
         st = self._st
         size = padding_size(region.used, st.align)
