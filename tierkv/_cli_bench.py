@@ -22,6 +22,7 @@ from rich.table import Table
 
 from tierkv._cli_signals import run
 from tierkv._units import parse_size
+from tierkv.bench._fio import fio_runs
 from tierkv.bench.common import Row
 from tierkv.config import (
     Config,
@@ -341,14 +342,16 @@ async def _device_bench(
     workdir: Path = args.workdir
     scratch = scratch_dir(shm_or(workdir) if device == "pmem" else workdir)
     try:
-        if device == "pmem":
-            from tierkv.bench.pmem import run_pmem_bench
+        # cut short, fio (run from a thread) stops before `scratch` goes: it went on writing
+        with fio_runs():
+            if device == "pmem":
+                from tierkv.bench.pmem import run_pmem_bench
 
-            result = await run_pmem_bench(scratch, quick=args.quick, progress=bar)
-        else:
-            from tierkv.bench.nvme import run_nvme_bench
+                result = await run_pmem_bench(scratch, quick=args.quick, progress=bar)
+            else:
+                from tierkv.bench.nvme import run_nvme_bench
 
-            result = await run_nvme_bench(scratch, quick=args.quick, progress=bar)
+                result = await run_nvme_bench(scratch, quick=args.quick, progress=bar)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return result, [Row(**_row_fields(row)) for row in result.get("rows", [])]

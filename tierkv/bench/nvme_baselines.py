@@ -12,13 +12,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import aiofiles
 
+from tierkv.bench._fio import run_fio
 from tierkv.bench.nvme_tier_runs import QUEUE_DEPTH, MiB, _drive
 
 _FIO_NAME = "fio io_uring O_DIRECT"
@@ -47,7 +47,7 @@ def _fio_job(path: Path, rw: str, bs: int, extra: list[str]) -> dict[str, float]
         f"--rw={rw}", f"--bs={bs}", f"--iodepth={QUEUE_DEPTH}", *extra, "--group_reporting",
         "--output-format=json",
     ]
-    out = subprocess.run(cmd, capture_output=True, check=True, text=True).stdout
+    out = run_fio(cmd)
     job = json.loads(out[out.index("{"):])["jobs"][0]
     side = job["write" if "write" in rw else "read"]
     return {"bytes_per_s": float(side["bw_bytes"]), "iops": float(side["iops"])}
