@@ -356,12 +356,24 @@ def test_bench_refuses_a_json_path_it_cannot_write_before_the_run(tmp_path: Path
     # it ran the whole bench, then crashed writing the results
     config = tmp_path / "devices.toml"
     config.write_text(GPU_ONLY)
-    for target in (tmp_path / "missing" / "out.json", tmp_path):
+    # /proc: permission bits say yes to root, the file system says no
+    for target in (tmp_path / "missing" / "out.json", tmp_path, Path("/proc/tierkv.json")):
         result = run_cli("bench", "--config", str(config), "--device", "gpu",
                          "--json", str(target))
         assert_one_line(result, 2)
         assert "--json" in result.stderr
         assert "tierkv bench" not in result.stdout  # the table of a run
+
+
+def test_bench_json_check_leaves_no_file_behind(tmp_path: Path) -> None:
+    """The check creates the file to be sure it can; a run refused after it leaves none."""
+    target = tmp_path / "out.json"
+    empty = tmp_path / "trace.jsonl"
+    empty.write_text("")
+    result = run_cli("bench", "--trace", str(empty), "--json", str(target))
+    assert_one_line(result, 2)
+    assert "holds no request" in result.stderr  # refused after the check
+    assert not target.exists()
 
 
 def test_bench_json_has_null_where_a_figure_is_nan(

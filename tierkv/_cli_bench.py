@@ -153,12 +153,22 @@ def _check_writable(path: Path) -> None:
     if path.exists():
         if not os.access(path, os.W_OK):
             raise ConfigError(f"--json: {path} is not writable")
-        return
-    directory = path.parent
-    if not directory.is_dir():
-        raise ConfigError(f"--json: directory {directory} does not exist")
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise ConfigError(f"--json: {path} cannot be created: {directory} is not writable")
+    else:
+        directory = path.parent
+        if not directory.is_dir():
+            raise ConfigError(f"--json: directory {directory} does not exist")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ConfigError(f"--json: {path} cannot be created: {directory} is not writable")
+    # and tried: permission bits say yes to root where the file system says no (/proc, /sys,
+    # a read-only mount), which surfaced only after the whole run
+    created = not path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--json: cannot write {path}: {exc.strerror or exc}") from None
+    if created:
+        path.unlink(missing_ok=True)
 
 
 def _refuse_inputs(args: argparse.Namespace) -> None:
