@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import math
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -445,3 +446,20 @@ def test_serve_metrics_refuses_a_port_out_of_range(tmp_path: Path) -> None:
         result = run_cli("serve-metrics", "--config", str(config), "--port", port)
         assert_one_line(result, 2)
         assert "--port" in result.stderr
+
+
+def test_serve_metrics_on_a_port_in_use_opens_no_media(tmp_path: Path) -> None:
+    """The address is bound before the engine opens: refused after the open, a port in use had
+    run recovery and rewritten the pool and the log for nothing (here: made the log)."""
+    config = tmp_path / "devices.toml"
+    log = tmp_path / "tierkv.log"
+    config.write_text(GPU_ONLY + f'\n[[tiers]]\nname = "nvme"\nkind = "nvme"\npath = "{log}"\n'
+                      'capacity = "16MiB"\nregion_size = "1MiB"\n')
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve-metrics", "--config", str(config), "--port", str(port))
+    assert_one_line(result, 2)
+    assert "cannot serve metrics" in result.stderr
+    assert not log.exists()
