@@ -260,9 +260,8 @@ class Shared:
         unpublished, held_back = self._unpublished, self._held_back
         if tier.fleet.stale(record.stamp, traced) or any(
                 k in held_back or k in unpublished for k in traced):
-            # an invalidation or delete here the server has not taken yet: the record may be
-            # the value it removed (adopted, it stayed: the fleet's entry, once published, is
-            # this engine's own, which its follower skips)
+            # an invalidation or delete the server has not taken yet: the record may be the
+            # value it removed (adopted, it stayed: its own entry, which the follower skips)
             st.counters.shared_stale += 1
             return None
         if key in st.index or st.keys.busy(key) or changed(key):
@@ -339,12 +338,9 @@ class Shared:
         return True
 
     def _refused_delete(self, key: bytes) -> None:
-        """The server did not delete `key`'s object (a delete, the scrub of a write): its
-        delete goes with the invalidations kept unpublished, sent again once it answers and
-        saved for the next open meanwhile (`save_cursor`), and its record is not adopted
-        until then. Left alone, the next lookup adopted the deleted value back, and other
-        engines read it from the server for good. Publishing it also drops other engines'
-        local copies of the key and what derives from them: misses, in a failure only."""
+        """The server did not delete `key`'s object: kept as an unpublished invalidation
+        (sent again once it answers, saved meanwhile, never adopted until then; left alone,
+        the deleted value came back). Other engines then drop theirs too: misses, rarely."""
         self._st.counters.shared_deletes_refused += 1
         self._keep_unpublished([key])
 

@@ -223,12 +223,10 @@ class RegionLog:
             self._writes.pad(region)
         # The new header (new seq) makes the region's old records stale on media, so a crash can
         # never bring back what a reclaim dropped; only once it is written may regions
-        # superseding those records be reclaimed in turn. The entries the reclaim kept go in
-        # the same single write: the header alone on media made their old records (a flushed
-        # object's only durable copy, the log's membership record) stale while their new
-        # records were still in the buffer, and a `kill -9` then lost them. It is written in
-        # the background, first of the region's writes: awaiting it here held every put for the
-        # 10-40 ms the device took to serve it behind queue_depth 1 MiB writes.
+        # superseding those records be reclaimed in turn. The kept entries go in the same single
+        # write (after the header alone, a `kill -9` lost them: their new records were in the
+        # buffer). Written in the background, first of the region's writes: awaited here, it
+        # held every put for the 10-40 ms the device took behind queue_depth 1 MiB writes.
         waiting = [r for r in st.regions if region.index in r.shadows]
         region.shadows.clear()  # empty already: a victim shadows nothing
         region.durable = region.used

@@ -5,17 +5,13 @@ under ``key_prefix + b"o:" + canonical key``, so tenants (whose namespaces are i
 `BlockKey` digest) and deployments (`key_prefix`) never see each other's objects. A value that
 does not decode as the record of its key is a counted miss, never bytes.
 
-What this engine holds here (`held`) is what it wrote or adopted; `used` and `capacity` count
-those only, so the accounting is per engine: engines sharing a server each stay within their
-own share, and the server's `maxmemory` policy or the `ttl` bounds the whole. Another engine
-may delete or overwrite an object at any time; a get then misses, or finds a record with
-another write stamp, which is a miss too (the engine adopts the newer record on its next
-lookup). `fetch_many` reads objects this engine does not hold (the engine's lookups of its
-local misses, one pipelined round trip per `batch` keys) and `adopt` takes one into `held`.
-
-Every call is bounded by the config's `timeout`; a server that is down, slow or answers with an
-error raises `DeviceError` (the engine then misses, or falls through to another tier); redis-py
-reconnects by itself on the next call.
+What this engine holds here (`held`: what it wrote or adopted) is what `used` and `capacity`
+count: engines sharing a server each stay within their own share, and the server's `maxmemory`
+or the `ttl` bounds the whole. Another engine may delete or overwrite an object at any time; a
+get then misses, also on a record of another write stamp (the engine adopts it on its next
+lookup). `fetch_many` reads objects this engine does not hold (one pipelined round trip per
+`batch` keys) and `adopt` takes one into `held`. Every call is bounded by `timeout`; a server
+down, slow or answering an error raises `DeviceError`; redis-py reconnects on the next call.
 """
 
 from __future__ import annotations
@@ -219,20 +215,17 @@ class RedisTier(Tier):
         view = payload_view(payload)
         header, payload_checksum = encode_record_header(key, meta, view, stamp)
         record = record_value(header, payload if type(payload) is bytes else view)
-        ttl = self.config.ttl
         assert self._sets is not None
-        answered = self._sets.set(self.server_key(key), record,
-                                  None if ttl is None else int(ttl * 1000))
+        ttl_ms = None if self.config.ttl is None else int(self.config.ttl * 1000)
+        answered = self._sets.set(self.server_key(key), record, ttl_ms)
         # what was held goes first: a failed or cancelled put may have replaced it on the server
         self._forget(key)
-        # bounded by the round trip's own timeout (`_call`: the wait for a connection and the
-        # answer); a caller cancelled here cancels only its future, never the round trip
+        # bounded by the round trip's timeout (`_call`); a cancelled caller cancels its future only
         try:
             await answered
         except BaseException:
-            # the future holds the error, whose traceback holds this frame: with the local,
-            # a cycle kept `payload` alive (a view lent by the gpu tier: every failed share
-            # held its slots until a full collection, and a full server made puts fail)
+            # future → error → traceback → this frame → future: the cycle kept `payload` (a
+            # gpu slot's view) alive until a full collection; a full server failed every put
             del answered
             raise
         self._hold(key, _Held(meta.generation, stamp, payload_checksum, footprint, meta,
