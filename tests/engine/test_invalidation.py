@@ -23,12 +23,11 @@ from typing import Any
 import pytest
 
 import tierkv
-from tests.engine._configs import hierarchy_config
+from tests.engine._configs import KiB, MiB, hierarchy_config
 from tierkv import DependencyCycleError
 from tierkv.keys import encode_key
 
 ALL = ("gpu", "pmem", "nvme")
-MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -420,6 +419,53 @@ async def test_a_stream_of_child_puts_does_not_keep_an_invalidation_from_ending(
         assert removed >= 51
         assert await kv.get_many([b"old%d" % i for i in range(50)]) == [None] * 50
         assert put_during and await kv.get_many(put_during) == [None] * len(put_during)
+
+
+async def test_a_stream_of_new_edges_does_not_keep_an_invalidation_from_ending(
+        tmp_path: Path) -> None:
+    """Stored keys linked without pause under a parent being invalidated: the invalidation
+    returns (each pass used to find the edges linked during the one before), and each key
+    linked during it ends invalidated."""
+    roomy = hierarchy_config(tmp_path, ALL, gpu={"capacity": 8 * MiB, "slot_size": 4 * KiB})
+    async with tierkv.open(roomy) as kv:
+        await kv.put(b"root", b"R")
+        for i in range(1000):
+            await kv.put(b"old%d" % i, b"o" * 4096, parents=[b"root"])
+        stop = asyncio.Event()
+        linked_during: list[bytes] = []
+        invalidating = asyncio.Event()
+        returned = asyncio.Event()
+
+        async def linker(name: bytes) -> None:
+            count = 0
+            while not stop.is_set():
+                key = b"%s-%d" % (name, count)
+                count += 1
+                await kv.put(key, b"n" * 4096)
+                started_during = invalidating.is_set()
+                await kv.add_dependency(b"root", key)
+                if started_during and not returned.is_set():
+                    linked_during.append(key)  # began and returned while it ran
+
+        async def invalidate() -> int:
+            invalidating.set()
+            removed = await kv.invalidate(b"root")
+            returned.set()
+            return removed
+
+        linkers = [asyncio.create_task(linker(b"l%d" % i)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        invalidation = asyncio.create_task(invalidate())
+        await asyncio.wait([invalidation], timeout=20)
+        ended = invalidation.done()
+        stop.set()  # a cascade that did not end ends once the stream stops
+        await asyncio.gather(*linkers)
+        removed = await invalidation
+        assert ended, "the invalidation did not end under a stream of new edges"
+        assert removed >= 1001
+        assert await kv.get_many([b"old%d" % i for i in range(1000)]) == [None] * 1000
+        assert linked_during
+        assert await kv.get_many(linked_during) == [None] * len(linked_during)
 
 
 async def test_no_get_returns_an_invalidated_value_once_invalidate_returned(

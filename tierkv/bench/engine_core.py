@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tierkv.bench._fio import run_fio
 from tierkv.bench.common import Progress, Row, drive, memcpy_seconds, no_progress, percentile
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig
 from tierkv.engine import Engine, open
@@ -274,7 +274,7 @@ async def write_through_group_commit(config: Config, *, quick: bool = False, rep
                     if group is not False:
                         rate = count / await _run(kv, keys, value, "delete")
                         deletes[policy] = max(deletes[policy], rate)
-        ceiling = _sync_ceiling(places.nvme_dir, size, count * size, ceiling)
+        ceiling = await _sync_ceiling(places.nvme_dir, size, count * size, ceiling)
     progress("write-through group commit", repeats, repeats)
     rows = [Row(f"write-through put 256KiB, {TASKS} tasks, nvme, group commit "
                 f"({flushes[True]} flushes for {count} puts)", "puts/s", best[True],
@@ -292,22 +292,22 @@ async def write_through_group_commit(config: Config, *, quick: bool = False, rep
             {f"fdatasync every {n}": rate for n, rate in ceiling.items()}}, rows
 
 
-def _sync_ceiling(directory: Path, size: int, nbytes: int,
-                  best: dict[int, float] | None) -> dict[int, float] | None:
+async def _sync_ceiling(directory: Path, size: int, nbytes: int,
+                        best: dict[int, float] | None) -> dict[int, float] | None:
     """What the device allows group commit: fio's rate of `size` O_DIRECT writes into a fresh
     file (as the log's are), with an fdatasync after every write and after every `TASKS`-th
     (eight puts sharing each flush, the most eight tasks can share), each the best so far.
-    None where fio is not installed."""
+    None where fio is not installed. fio runs on a thread (`run_fio`: stopped with the bench),
+    so the loop keeps serving the progress display and signals meanwhile."""
     if shutil.which("fio") is None:
         return best
     rates = dict(best or {})
     for every in (1, TASKS):
         with scratch(directory, ".fio") as path:
-            out = subprocess.run(
-                ["fio", "--name=sync-ceiling", f"--filename={path}", "--ioengine=psync",
-                 "--direct=1", "--rw=write", f"--bs={size}", f"--size={nbytes}",
-                 f"--fdatasync={every}", "--output-format=json"],
-                capture_output=True, check=True, text=True).stdout
+            out = await asyncio.to_thread(run_fio, [
+                "fio", "--name=sync-ceiling", f"--filename={path}", "--ioengine=psync",
+                "--direct=1", "--rw=write", f"--bs={size}", f"--size={nbytes}",
+                f"--fdatasync={every}", "--output-format=json"])
         iops = float(json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"])
         rates[every] = max(rates.get(every, 0.0), iops)
     return rates

@@ -10,7 +10,8 @@ with its parent's invalidation ends invalidated, never orphaned and live — als
 invalidation had removed already and that was put again meanwhile. A put that linked a child
 before its parent was doomed is found by the next pass; no put links one after, so a stream of
 child puts never keeps an invalidation from ending (each pass found the children put during the
-one before, and under a steady stream the passes never ended). Before returning, every
+one before, and under a steady stream the passes never ended); `add_dependency` to a doomed
+parent likewise invalidates the child and links nothing. Before returning, every
 persistent tier is synced (group commit), so the deletes — tombstones in the nvme log, frees in the
 pmem pool — are on media: no restart brings an invalidated object back. The last pass runs after
 that sync, and the call returns in the same step when it finds nothing new. An overwriting put
@@ -54,11 +55,19 @@ class Invalidations:
         is then made during that invalidation and ends invalidated (see the module): nothing
         is stored, and `key`'s old value and what derives from it are removed, to the end
         whatever the caller (`invalidate`)."""
+        if not await self.linked_while_doomed(key, parents):
+            return False
+        self._st.counters.puts += 1
+        return True
+
+    async def linked_while_doomed(self, key: bytes, parents: Iterable[bytes]) -> bool:
+        """`put_while_doomed` for an edge (`add_dependency`): one to a doomed parent is made
+        during the invalidation, so `key` ends invalidated and no edge is linked (a stream of
+        relinks never keeps the invalidation from ending, as the module says of puts)."""
         doomed = self._doomed
         if not doomed or not any(parent in doomed for parent in parents):
             return False
         await self.invalidate(key)
-        self._st.counters.puts += 1
         return True
 
     async def invalidate(self, key: bytes, *, local: bool = False,

@@ -51,14 +51,7 @@ from tierkv.engine._shared import Shared
 from tierkv.engine._slo import slo_seconds
 from tierkv.engine._state import EngineState
 from tierkv.engine._tombstones import Tombstones
-from tierkv.engine._tracing import (
-    DELETE,
-    FLUSH,
-    INVALIDATE,
-    INVALIDATE_MODEL,
-    PUT,
-    PUT_MANY,
-)
+from tierkv.engine._tracing import DELETE, FLUSH, INVALIDATE, INVALIDATE_MODEL, PUT, PUT_MANY
 from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
@@ -333,18 +326,20 @@ class Engine(ReadCalls, ObserveCalls):
 
     async def add_dependency(self, parent: Key, child: Key) -> None:
         """Record that `child` derives from `parent` (both may be stored or not): a later write
-        or invalidation of `parent` removes `child`. `DependencyCycleError` if `parent`
-        derives from `child`. A stored `child` names `parent` in its header from then on (its
-        persistent copies are rewritten in place, on media when this returns), so the edge
-        survives a restart; `LimitExceededError` if that header would exceed the format's
-        bounds (`MAX_PARENTS` parents, a `MAX_BODY` body: `tierkv.formats.header`). Both are
-        raised before anything changes. An edge to a `child` not stored is written into the
-        engine's record of such edges, on media when this returns (it comes back after a
-        restart where something derives from `child`), and a later `put(child, parents=...)`
-        sets the child's parents anew."""
+        or invalidation of `parent` removes `child`. `DependencyCycleError` if `parent` derives
+        from `child`. A stored `child` names `parent` in its header from then on (its persistent
+        copies rewritten in place, on media when this returns), so the edge survives a restart;
+        `LimitExceededError` if that header would exceed the format's bounds (`MAX_PARENTS`
+        parents, a `MAX_BODY` body: `tierkv.formats.header`); both raised before anything
+        changes. An edge to a `child` not stored is written into the engine's record of such
+        edges, on media when this returns (it comes back after a restart where something
+        derives from `child`), and a later `put(child, parents=...)` sets the
+        child's parents anew. An edge to a parent an invalidation is removing is taken as made
+        before it: `child` is invalidated, no edge kept."""
         async with self._call():
             raw_parent, raw_child = encode_key(parent), encode_key(child)
-            await self._writes.relink(raw_child, raw_parent)
+            if not await self._invalidations.linked_while_doomed(raw_child, (raw_parent,)):
+                await self._writes.relink(raw_child, raw_parent)
 
     async def flush(self) -> None:
         """Barrier: every object put before the call is on persistent media when it returns."""
