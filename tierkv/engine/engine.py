@@ -90,6 +90,7 @@ class Engine(ReadCalls, ObserveCalls):
         self._background = Background(st, self._executor,
                                       ticks=(self._shared.tick, self._tombstones.tick))
         self._one_call = _Call(st)
+        self._one_write = _Call(st, writes=True)
         #: one profile probe at a time (the first puts with a latency SLO)
         self._profiling = asyncio.Lock()
         self._closed = True  # until `_start` has opened the tiers
@@ -184,11 +185,12 @@ class Engine(ReadCalls, ObserveCalls):
         if not getattr(self, "_closed", True):
             warnings.warn("a tierkv engine was never closed", ResourceWarning, stacklevel=1)
 
-    def _call(self) -> _Call:
-        """One public call: refused once the engine is closed; `close` waits for it to end."""
+    def _call(self, *, write: bool = False) -> _Call:
+        """One public call (`write`: a put or delete, which gives the loop turns: `_call`):
+        refused once the engine is closed; `close` waits for it to end."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
-        return self._one_call
+        return self._one_write if write else self._one_call
 
     # -- writes ----------------------------------------------------------------------------------
     async def put(self, key: Key, value: Value, *, parents: Iterable[Key] = (),
@@ -233,7 +235,7 @@ class Engine(ReadCalls, ObserveCalls):
         if latency_slo is not None:
             latency_slo = slo_seconds(latency_slo)
         with self._span(PUT, raw) as span:
-            async with self._call():
+            async with self._call(write=True):
                 if latency_slo is not None and st.scheduler.profiles is None:
                     async with self._profiling:
                         if st.scheduler.profiles is None:
@@ -291,7 +293,7 @@ class Engine(ReadCalls, ObserveCalls):
         whether this engine held it."""
         raw = encode_key(key)
         with self._span(DELETE, raw) as span:
-            async with self._call():
+            async with self._call(write=True):
                 deleted = await self._writes.delete(raw, on_server=True)
             if span is not None:
                 span.set_attribute("tierkv.deleted", deleted)
