@@ -138,6 +138,19 @@ async def test_put_many_checks_every_item_before_it_stores_any(items: Any) -> No
         assert not await kv.contains("a")
 
 
+@pytest.mark.parametrize("model", ["m" * 70_000, "llama\udcff@rev1"], ids=["long", "surrogate"])
+async def test_put_many_checks_a_blocks_model_before_it_stores_any(model: str) -> None:
+    """A hand-built `BlockKey` whose model no version key can be made of (longer than a key,
+    no UTF-8 form): raised before the items before it were stored (it passed the up-front
+    check and failed at its own put)."""
+    bad = tierkv.BlockKey(os.urandom(16), 16, 1.0, model=model)
+    async with tierkv.open(l1_config()) as kv:
+        with pytest.raises(ValueError, match=r"model|parent|key"):
+            items: list[tuple[tierkv.Key, bytes]] = [("a", b"1"), (bad, b"2")]
+            await kv.put_many(items)
+        assert not await kv.contains("a")
+
+
 async def test_calls_that_take_many_keys_take_any_iterable_once() -> None:
     async with tierkv.open(l1_config()) as kv:
         await kv.put_many((f"k{i}", bytes([i])) for i in range(3))

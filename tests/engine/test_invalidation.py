@@ -285,6 +285,26 @@ async def test_put_many_links_a_block_keys_chain(tmp_path: Path) -> None:
         assert found[:2] == [b"kv0", b"kv1"] and found[2:] == [None] * 3
 
 
+async def test_put_many_of_prompts_sharing_a_prefix_keeps_every_prompts_blocks(
+        tmp_path: Path) -> None:
+    """Two prompts with a common first half in one call: the shared blocks are put once (put
+    again, the second put of a shared block overwrote it and removed the first prompt's own
+    blocks, derived from it)."""
+    common = list(range(8))
+    a = tierkv.block_keys([*common, 100, 101, 102, 103], block_size=4, model="m@1",
+                          rope_theta=1e4)
+    b = tierkv.block_keys([*common, 200, 201, 202, 203], block_size=4, model="m@1",
+                          rope_theta=1e4)
+    assert a[:2] == b[:2] and a[2] != b[2]
+    async with tierkv.open(config(tmp_path)) as kv:
+        await kv.put_many([(key, b"a%d" % i) for i, key in enumerate(a)]
+                          + [(key, b"b%d" % i) for i, key in enumerate(b)])
+        assert await kv.get_many(a) == [b"a0", b"a1", b"a2"]
+        assert await kv.get(b[2]) == b"b2"
+        assert kv.stats()["engine"]["cascaded"] == 0
+        assert await kv.invalidate(a[1]) == 3  # a[1], and each prompt's last block under it
+
+
 async def test_put_many_links_each_block_to_its_own_parent_across_prompts(
         tmp_path: Path) -> None:
     """Blocks of two prompts in one call, interleaved, and a prompt's later blocks without

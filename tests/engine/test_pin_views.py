@@ -56,3 +56,18 @@ async def test_a_view_kept_past_its_pin_never_aliases_another_tenants_block() ->
         assert unusable_slots(kv) == 0
         await kv.put(b"after", b"x" * 4000)
         assert await kv.get(b"after") == b"x" * 4000
+
+
+async def test_a_key_changed_while_pinned_releases_the_pin_it_took() -> None:
+    """A mutable key (a bytearray) changed inside the pin: the pin is released under the key it
+    was taken for (it was encoded again on release: a KeyError out of the block, and the
+    object stayed pinned, never evicted, for the engine's life)."""
+    async with tierkv.open(l1_config(capacity="8KiB", slot_size="4KiB")) as kv:
+        await kv.put(b"key1", b"v" * 4000)
+        key = bytearray(b"key1")
+        async with kv.pin(key):  # type: ignore[arg-type] # encode_key takes it
+            key[:] = b"key2"
+        assert kv.metrics().pinned == 0
+        assert kv.stats()["tiers"]["l1"]["pinned"] == 0
+        assert await kv.delete(b"key1")
+        assert unusable_slots(kv) == 0 and kv.stats()["tiers"]["l1"]["free_slots"] == 2

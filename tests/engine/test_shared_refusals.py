@@ -99,3 +99,24 @@ async def test_a_server_that_refuses_every_write_costs_no_local_space(
             assert await kv.get(b"after") == b"x" * 6000
         finally:
             server.command("CONFIG", "SET", "maxmemory", "0")
+
+
+async def test_a_shared_copy_the_server_evicted_is_a_miss_not_a_corrupt_read(
+        fresh_redis_server: RedisServer) -> None:
+    """The server drops shared copies on its own (its maxmemory policy): a read that finds the
+    engine's copy gone forgets it and counts it in `shared_lost`; `corrupt_reads` (damage on
+    media) stays 0. It counted each such eviction as corrupt."""
+    server = fresh_redis_server
+    async with engines(shared_config(url=server.url)) as (a,):
+        await a.put(b"K", b"k" * 4 * KiB)
+        await a.settle()
+        assert await server_has(server, b"K")
+        for i in range(600):  # more than the first tier's 256 slots: K's local copy leaves
+            await a.put(b"filler%d" % i, b"f" * 4 * KiB)
+        await a.settle()
+        assert await a.locate(b"K") == "shared"
+        server.command("DEL", server_key(b"K"))  # as an eviction by the server does
+        assert await a.get(b"K") is None
+        stats = engine_stats(a)
+        assert stats["corrupt_reads"] == 0
+        assert stats["shared_lost"] == 1

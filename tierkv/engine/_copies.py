@@ -64,9 +64,14 @@ class CopyOps:
         yield None if got is None else got[1]
 
     def lost(self, entry: IndexEntry, tier: int) -> None:
-        """`tier` no longer holds a valid copy of `entry` (it failed its checksum)."""
+        """`tier` no longer holds a valid copy of `entry`: it failed its checksum or, in the
+        shared tier, the server evicted it or another engine replaced it (`shared_lost`: the
+        server's own eviction is no damage, and counted as corrupt it raised false alarms)."""
         if tier in entry.locations and not entry.detached:
-            self._st.counters.corrupt_reads += 1
+            if self._st.tiers[tier].shared:
+                self._st.counters.shared_lost += 1
+            else:
+                self._st.counters.corrupt_reads += 1
             if self._st.index.remove_copy(entry, tier):
                 self._st.counters.drops += 1
 

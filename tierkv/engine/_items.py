@@ -1,22 +1,59 @@
-"""`put_many`'s items, checked whole before anything is stored."""
+"""What a put records beside its value, and `put_many`'s items, checked whole before anything
+is stored."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import TypeVar, cast
 
-from tierkv.formats.value import Value, check_value
-from tierkv.keys import Key, encode_key
+from tierkv.formats.header import check_header
+from tierkv.formats.value import Value, value_meta
+from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
 
 KeyT = TypeVar("KeyT", bound=Key)
 ValueT = TypeVar("ValueT", bound=Value)
 
 
-def checked_pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
-                  ) -> list[tuple[KeyT, ValueT]]:
-    """`put_many`'s items as a list of pairs, each key and value checked as `put` checks
-    them, all before the first is stored (checked by each put alone, a bad item raised only
-    when its turn came, after the items before it were stored)."""
+def put_parents(key: Key, parents: Iterable[Key]) -> tuple[bytes, ...]:
+    """The parents a put of `key` records: those named, then a block's model version (last:
+    the first parent names the prefix), which `invalidate_model` removes it under."""
+    derived = [encode_key(parent) for parent in key_list(parents, "put's parents")]
+    if isinstance(key, BlockKey) and key.model is not None:
+        derived.append(version_key(key.model))
+    return tuple(derived)
+
+
+def checked_puts(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
+                 ) -> list[tuple[KeyT, ValueT, tuple[Key, ...]]]:
+    """`put_many`'s puts: each item with the parent it is linked to (`Engine.put_many`), a
+    `BlockKey` equal to one before it in the call left out, every key, value and header
+    checked as `put` checks them, all before the first is stored (checked by each put alone,
+    a bad item raised only when its turn came, after the items before it were stored).
+
+    An equal `BlockKey` names an equal token prefix, so equal blocks: put again, it overwrote
+    the first and removed what derives from it, the blocks of every other prompt of the call
+    that share the prefix (two prompts with a common system prompt lost their own blocks)."""
+    puts: list[tuple[KeyT, ValueT, tuple[Key, ...]]] = []
+    blocks: dict[tuple[bytes, float], BlockKey] = {}
+    for key, value in _pairs(items):
+        raw = encode_key(key)
+        parent = None
+        if isinstance(key, BlockKey):
+            if blocks.get((key.digest, key.rope_theta)) == key:
+                value_meta(value)
+                continue
+            if key.parent_digest is not None:
+                parent = blocks.get((key.parent_digest, key.rope_theta))
+            blocks[key.digest, key.rope_theta] = key
+        parents: tuple[Key, ...] = () if parent is None else (parent,)
+        check_header(raw, value_meta(value, parents=put_parents(key, parents)))
+        puts.append((key, value, parents))
+    return puts
+
+
+def _pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
+           ) -> list[tuple[KeyT, ValueT]]:
+    """`put_many`'s items as a list of pairs; `TypeError` for what is not one."""
     if isinstance(items, Mapping):
         pairs = list(items.items())
     else:
@@ -35,7 +72,4 @@ def checked_pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
                 raise TypeError(f"{what}; an item is a {type(item).__name__}"
                                 + (f" of {len(item)}" if isinstance(item, tuple) else ""))
             pairs.append(cast("tuple[KeyT, ValueT]", item))
-    for key, value in pairs:
-        encode_key(key)
-        check_value(value)
     return pairs

@@ -35,9 +35,9 @@ class Pins:
             raise TierKVError("pin needs a gpu tier first in the hierarchy")
         return first
 
-    async def acquire(self, key: Key) -> tuple[PinToken, torch.Tensor, ObjectMeta]:
+    async def acquire(self, key: Key, raw: bytes) -> tuple[PinToken, torch.Tensor, ObjectMeta]:
+        """Pin `key` (`raw`: its encoding, which `release` is given back)."""
         st = self._st
-        raw = encode_key(key)
         first = self._first()
         async with st.keys.hold(raw) as claim:
             st.check_open()
@@ -90,13 +90,17 @@ class PinContext:
         self._key = key
         self._call = call
         self._token: PinToken | None = None
+        #: the key as encoded when the pin was taken: released under it, whatever the caller
+        #: does to a mutable key meanwhile (encoded again, a changed bytearray leaked the pin)
+        self._raw = b""
 
     async def __aenter__(self) -> PinHandle:
         if self._token is not None:
             raise RuntimeError("a pin context is entered once")
         async with self._call():
-            token, flat, meta = await self._pins.acquire(self._key)
-        self._token = token
+            raw = encode_key(self._key)
+            token, flat, meta = await self._pins.acquire(self._key, raw)
+        self._token, self._raw = token, raw
         if meta.kind is ValueKind.BYTES:
             value = flat
         else:
@@ -110,4 +114,4 @@ class PinContext:
         traceback: TracebackType | None,
     ) -> None:
         if self._token is not None:
-            self._pins.release(encode_key(self._key), self._token)
+            self._pins.release(self._raw, self._token)

@@ -39,7 +39,7 @@ from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
-from tierkv.engine._items import checked_pairs
+from tierkv.engine._items import checked_puts, put_parents
 from tierkv.engine._moves import Moves
 from tierkv.engine._observe_calls import ObserveCalls
 from tierkv.engine._pins import PinContext, Pins
@@ -56,7 +56,7 @@ from tierkv.engine._writes import Writes
 from tierkv.errors import EngineClosedError
 from tierkv.formats.header import check_header
 from tierkv.formats.value import Value, encode_value
-from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
+from tierkv.keys import Key, encode_key, version_key
 from tierkv.tiers.base import Tier
 
 if TYPE_CHECKING:
@@ -227,10 +227,7 @@ class Engine(ReadCalls, ObserveCalls):
         started = perf_counter()
         st = self._st
         raw = encode_key(key)
-        derived = [encode_key(p) for p in key_list(parents, "put's parents")]
-        if isinstance(key, BlockKey) and key.model is not None:
-            derived.append(version_key(key.model))  # last: the first parent names the prefix
-        meta, payload = encode_value(value, parents=tuple(derived))
+        meta, payload = encode_value(value, parents=put_parents(key, parents))
         check_header(raw, meta)  # refused now, not when a flush or a demotion writes it down
         if latency_slo is not None:
             latency_slo = slo_seconds(latency_slo)
@@ -270,19 +267,15 @@ class Engine(ReadCalls, ObserveCalls):
         leaves go first) and `prefetch` can follow it, without the caller passing parents.
         Blocks of several prompts may be mixed in one call: each is linked to its own parent
         only (a key put just before it is not taken for its parent), and a `BlockKey` built
-        without a `parent_digest` is linked to none. The `TypeError`s and `ValueError`s of bad
-        items are raised before anything is stored."""
-        pairs = checked_pairs(items)
-        blocks: dict[tuple[bytes, float], BlockKey] = {}
+        without a `parent_digest` is linked to none; a `BlockKey` equal to one earlier in the
+        call (a prefix two prompts share) is put once, the first time. The `TypeError`s,
+        `ValueError`s and `LimitExceededError`s of bad items are raised before anything is
+        stored."""
+        puts = checked_puts(items)
         with self._span(PUT_MANY) as span:
             count = 0
-            for key, value in pairs:
-                parent = None
-                if isinstance(key, BlockKey):
-                    if key.parent_digest is not None:
-                        parent = blocks.get((key.parent_digest, key.rope_theta))
-                    blocks[key.digest, key.rope_theta] = key
-                await self.put(key, value, parents=() if parent is None else (parent,))
+            for key, value, parents in puts:
+                await self.put(key, value, parents=parents)
                 count += 1
             if span is not None:
                 span.set_attribute("tierkv.keys", count)

@@ -73,6 +73,9 @@ class EngineCounters:
     shared_busy: int = 0
     #: records found and served but not held: this engine's share of the server was full
     shared_unheld: int = 0
+    #: shared copies found gone when read: evicted by the server or replaced by another
+    #: engine (its own stats count the ones that failed their checksum)
+    shared_lost: int = 0
     remote_invalidated: int = 0
     #: keys of kept invalidations sent again once the server answered (a failed try keeps
     #: them for the next), and those dropped because too many were kept while it was down

@@ -121,13 +121,14 @@ def encode_value(value: Value, *, parents: tuple[bytes, ...] = ()) -> tuple[Obje
     return ObjectMeta(ValueKind.BYTES, "", (), view.nbytes, 0, parents), view
 
 
-def check_value(value: Value) -> None:
-    """The `TypeError` or `ValueError` `encode_value` would raise for `value`, without
-    encoding it (no copy of a tensor that is not contiguous)."""
+def value_meta(value: Value, *, parents: tuple[bytes, ...] = ()) -> ObjectMeta:
+    """The meta `encode_value` would return for `value`, and the `TypeError` or `ValueError` it
+    would raise, without encoding it (no copy of a tensor that is not contiguous)."""
     if isinstance(value, torch.Tensor):
-        _checked_tensor(value)
-    else:
-        _byte_view(value)
+        name = _checked_tensor(value)
+        return ObjectMeta(ValueKind.TENSOR, name, tuple(value.shape),
+                          value.numel() * value.element_size(), 0, parents)
+    return ObjectMeta(ValueKind.BYTES, "", (), _byte_view(value).nbytes, 0, parents)
 
 
 def _checked_tensor(value: torch.Tensor) -> str:
