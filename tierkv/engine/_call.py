@@ -51,11 +51,13 @@ class Call:
                 # counted active first: a `close` that starts during the turn waits for it
                 try:
                     await asyncio.sleep(0)
-                except BaseException:
-                    self._leave()
+                except BaseException as exc:
+                    await self.__aexit__(type(exc))
                     raise
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            self._st.counters.cancelled_calls += 1
         self._leave()
 
     def _leave(self) -> None:

@@ -52,7 +52,7 @@ def engine_metrics(st: EngineState, *, in_flight: int, pinned: int) -> EngineMet
         invalidated=counters.invalidations, cascaded=counters.cascaded,
         corrupt_reads=counters.corrupt_reads, device_errors=counters.device_errors,
         breaker_skips=counters.breaker_skips, space_waits=counters.space_waits,
-        space_timeouts=counters.space_timeouts,
+        space_timeouts=counters.space_timeouts, cancelled_calls=counters.cancelled_calls,
         miss_latency=latency.misses.snapshot(), get_many_latency=latency.get_many.snapshot(),
         miss_storm=MissStorm(threshold_bits=st.misses.threshold_bits, window=detector.window,
                              watching=st.misses.watching, detector=st.misses.snapshot()))

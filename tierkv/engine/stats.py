@@ -55,6 +55,9 @@ class EngineCounters:
     #: writes that waited for space in a full tier (backpressure), and the ones that gave up
     space_waits: int = 0
     space_timeouts: int = 0
+    #: public calls that ended cancelled (a caller's timeout or cancellation): each left the
+    #: key as the call's contract says, and a steady rate tells callers give up on the engine
+    cancelled_calls: int = 0
     #: copies of cancelled or failed operations deleted afterwards
     orphans_scrubbed: int = 0
     #: copies a persistent tier failed to delete (each kept as a tombstone until deleted);

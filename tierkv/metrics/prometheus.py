@@ -37,7 +37,8 @@ Names (`tier`: the tier's configured name):
   ``tierkv_invalidated_objects_total``, ``tierkv_cascaded_objects_total``,
   ``tierkv_corrupt_reads_total``, ``tierkv_device_errors_total``,
   ``tierkv_breaker_skips_total``, ``tierkv_space_waits_total``,
-  ``tierkv_space_timeouts_total``, ``tierkv_recovered_superseded_total``,
+  ``tierkv_space_timeouts_total``, ``tierkv_cancelled_calls_total``,
+  ``tierkv_recovered_superseded_total``,
   ``tierkv_dag_edges_refused_total``, ``tierkv_miss_storm_alerts_total``;
 - engine gauges: ``tierkv_objects``, ``tierkv_unflushed_objects``, ``tierkv_pinned_objects``,
   ``tierkv_dag_nodes``, ``tierkv_dag_edges``, ``tierkv_migrations_in_flight``,
@@ -142,6 +143,8 @@ _ENGINE_COUNTERS: tuple[tuple[str, str, _EngineFigure], ...] = (
      lambda m: m.space_waits),
     ("tierkv_space_timeouts_total", "Writes that gave up waiting for room.",
      lambda m: m.space_timeouts),
+    ("tierkv_cancelled_calls_total", "Public calls that ended cancelled.",
+     lambda m: m.cancelled_calls),
     ("tierkv_recovered_superseded_total", "Older copies of a key deleted when opening.",
      lambda m: m.recovered_superseded),
     ("tierkv_dag_edges_refused_total", "Recovered edges refused (they closed a cycle).",

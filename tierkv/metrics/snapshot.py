@@ -150,6 +150,8 @@ class EngineMetrics:
     breaker_skips: int
     space_waits: int
     space_timeouts: int
+    #: public calls that ended cancelled (timeouts, cancellations of the caller)
+    cancelled_calls: int
     miss_latency: Histogram
     get_many_latency: Histogram
     miss_storm: MissStorm
