@@ -120,3 +120,35 @@ async def test_a_shared_copy_the_server_evicted_is_a_miss_not_a_corrupt_read(
         stats = engine_stats(a)
         assert stats["corrupt_reads"] == 0
         assert stats["shared_lost"] == 1
+
+
+@pytest.mark.parametrize("refusal", ["killed", "full"])
+async def test_a_server_that_stops_taking_demotions_never_fails_a_put(
+        fresh_redis_server: RedisServer, refusal: str) -> None:
+    """The gpu tier full, its victims demoted into the shared tier, then the server dies (or
+    is full: ``noeviction``, reads still served) after a window of successes, so its breaker
+    stays closed: each victim the server refuses leaves the cache, as the last local tier's do,
+    and every put lands locally. The victims stayed, the evictor retried them, and every put
+    waited `space_timeout` and raised `TierFullError` for as long as the server refused."""
+    server = fresh_redis_server
+    config = shared_config(url=server.url, timeout="300ms")
+    config["tiers"][0].update(capacity=64 * KiB, slot_size=4 * KiB)
+    config["engine"] = {"space_timeout": "3s"}
+    async with engines(config) as (kv,):
+        for i in range(200):  # warm: victims demoted, the breaker's window full of successes
+            await kv.put(b"warm%d" % i, b"w" * 2000)
+            await kv.get_many([b"warm%d" % i, b"absent%d" % i])
+        await kv.settle()
+        if refusal == "killed":
+            server.kill()
+        else:
+            server.command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+            server.command("CONFIG", "SET", "maxmemory", "1")
+        for i in range(60):  # several times the tier's 16 slots
+            async with asyncio.timeout(10):
+                await kv.put(b"k%d" % i, b"%d|" % i * 1000)
+            if refusal == "full":
+                await kv.get(b"absent%d" % i)  # a lookup the server answers
+        assert await kv.get(b"k59") == b"59|" * 1000
+        await kv.settle()
+        assert kv.stats()["engine"]["space_timeouts"] == 0

@@ -213,7 +213,7 @@ class CopyOps:
                         if st.refused_delete is not None:  # until a flush deletes or records it
                             st.refused_delete(key, tier)
                     log.warning("tier %s: cleaning up a cancelled write failed: %s",
-                                st.names[tier], exc)
+                                st.names[tier], str(str(exc)))
                 else:
                     st.counters.orphans_scrubbed += existed
                     st.commits[tier].note()

@@ -97,7 +97,7 @@ class DepartedEdges:
             st.counters.departed_edges_unrecorded += 1
             log.warning("the edges into %d keys whose objects left could not be recorded "
                         "(%s): after a restart, a write or invalidation of their parents may "
-                        "not reach what derives from them", len(edges), exc)
+                        "not reach what derives from them", len(edges), str(exc))
             return
         self._recorded = edges
 
@@ -126,7 +126,7 @@ class DepartedEdges:
                     st.dag.link(parent, key)
                 except DependencyCycleError as exc:
                     st.counters.dag_edges_refused += 1
-                    log.warning("recovery: %s; that departed edge is not restored", exc)
+                    log.warning("recovery: %s; that departed edge is not restored", str(exc))
                     continue
                 if parent in found:
                     ready.append(parent)

@@ -204,7 +204,7 @@ class MoveExecutor:
             return await move
         except TierKVError as exc:
             st.counters.moves_failed += 1
-            log.warning("moving an object failed, it stays where it was: %s", exc)
+            log.warning("moving an object failed, it stays where it was: %s", str(exc))
             tier = plan.source if isinstance(plan, Promote | Share) else departs_from(plan)
             st.scheduler.accessed(tier, plan.key, st.now())
         except Exception:  # a defect: keep the worker, say where

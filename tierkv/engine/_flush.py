@@ -68,7 +68,7 @@ class Flusher:
             try:
                 await self._tombstones.settle()
             except DeviceError as exc:
-                log.warning("flush: %s", exc)
+                log.warning("flush: %s", str(exc))
                 failures.append(exc)
             await self._departed.record()
 
@@ -76,7 +76,7 @@ class Flusher:
                 try:
                     placed = await self._persist(entry)
                 except TierKVError as exc:
-                    log.warning("flush could not persist an object: %s", exc)
+                    log.warning("flush could not persist an object: %s", str(exc))
                     failures.append(exc)
                 else:
                     if placed is not None:

@@ -107,7 +107,7 @@ async def record_membership(state: EngineState, kept: dict[int, Membership]) -> 
             await guard.settle(device.flush)
         except TierKVError as exc:
             log.warning("tier %s: this session's membership record was not written: %s",
-                        state.names[tier], exc)
+                        state.names[tier], str(exc))
             continue
         if tier not in state.own.setdefault(MEMBERSHIP_KEY, []):
             state.own[MEMBERSHIP_KEY].append(tier)

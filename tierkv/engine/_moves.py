@@ -27,7 +27,7 @@ from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
-from tierkv.errors import DeviceError
+from tierkv.errors import DeviceError, TierFullError
 from tierkv.scheduler import Demote, Drop, Evict, Plan, Promote, Share, departs_from
 
 if TYPE_CHECKING:
@@ -140,10 +140,23 @@ class Moves:
         if any(t > source and t != st.scheduler.shared for t in entry.locations):
             return await self._leave(entry, Evict(plan.key, plan.generation, plan.nbytes,
                                                   source), claim)
+        placed: int | None = None
         async with self._copies.borrow(entry, source) as payload:
             if payload is None:
                 return False
-            placed = await self._copies.store(entry, payload, plan.target, claim)
+            try:
+                placed = await self._copies.store(entry, payload, plan.target, claim)
+            except (TierFullError, DeviceError):
+                if plan.target != st.scheduler.shared:
+                    raise
+        if placed is None:
+            # The shared tier refused it (down, full, a value over its limit): the object
+            # leaves as the last local tier's victims do, a drop. The shared tier is a cache
+            # beside the fleet's, never a durable copy to wait for; kept, the victim jammed the
+            # tier above it, the evictor retried it, and every put waited and failed with
+            # TierFullError for as long as the server refused.
+            return await self._leave(entry, Drop(plan.key, plan.generation, plan.nbytes, source),
+                                     claim)
         if entry.detached:
             return False
         st.counters.moved_bytes += plan.nbytes

@@ -35,7 +35,7 @@ async def read_own(state: EngineState, key: bytes) -> list[tuple[ObjectMeta, mem
             got = await state.guards[tier].read(state.tiers[tier].get, key)
         except DeviceError as exc:
             log.warning("tier %s: the engine's record %r is unreadable: %s",
-                        state.names[tier], key[1:].decode(errors="replace"), exc)
+                        state.names[tier], key[1:].decode(errors="replace"), str(exc))
             continue
         if got is not None:
             found.append((got[0], payload_view(got[1])))
@@ -51,7 +51,7 @@ async def read_records(state: EngineState, key: bytes, decode: Callable[[memoryv
         try:
             records.append(decode(payload))
         except CorruptObjectError as exc:
-            log.warning("%s: %s", unreadable, exc)
+            log.warning("%s: %s", unreadable, str(exc))
     return records
 
 
@@ -88,7 +88,7 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
                 await state.guards[tier].insist(state.tiers[tier].put, key, meta, payload)
             except TierKVError as exc:
                 log.warning("tier %s: a copy of the engine's record %r was not written: %s",
-                            state.names[tier], key[1:].decode(errors="replace"), exc)
+                            state.names[tier], key[1:].decode(errors="replace"), str(exc))
                 failure = failure or exc
                 continue
             written.append(tier)
@@ -102,7 +102,7 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
             await state.guards[older].delete(state.tiers[older].delete, key)
         except TierKVError as exc:
             log.warning("tier %s: an older copy of the engine's record %r stays: %s",
-                        state.names[older], key[1:].decode(errors="replace"), exc)
+                        state.names[older], key[1:].decode(errors="replace"), str(exc))
         else:
             held.remove(older)
     if held:

@@ -57,7 +57,7 @@ async def _probe(state: EngineState, index: int) -> tuple[float, float] | None:
             large_time = await _object_read_time(state, index, _LARGE)
     except TierKVError as exc:
         log.warning("tier %s: the profile probe failed (%s); using typical figures",
-                    tier.name, exc)
+                    tier.name, str(exc))
         return None
     if small_time is None or large_time is None:
         return None

@@ -130,7 +130,7 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
             state.dag.set_parents(obj.key, obj.meta.parents)
         except DependencyCycleError as exc:
             state.counters.dag_edges_refused += 1
-            log.warning("recovery: %s; the edges of that object are not restored", exc)
+            log.warning("recovery: %s; the edges of that object are not restored", str(exc))
 
 
 async def _delete_superseded(state: EngineState, tier: int, key: bytes) -> None:
@@ -148,6 +148,6 @@ async def _delete_copy(state: EngineState, tier: int, key: bytes) -> None:
         await state.guards[tier].delete(state.tiers[tier].delete, key)
     except DeviceError as exc:
         log.warning("recovery: tier %s failed to delete a copy (kept to retry): %s",
-                    state.names[tier], exc)
+                    state.names[tier], str(exc))
         if state.refused_delete is not None:
             state.refused_delete(key, tier)

@@ -183,7 +183,7 @@ class Shared:
             for tier in kept:
                 await st.commits[tier].sync()
         except TierKVError as exc:  # the next open then starts from the log's start
-            log.warning("could not keep the fleet cursor: %s", exc)
+            log.warning("could not keep the fleet cursor: %s", str(exc))
 
     async def _load_unpublished(self) -> None:
         """At open: the invalidations an earlier run kept unpublished (`save_cursor`), to be
@@ -210,7 +210,7 @@ class Shared:
         if not self._down:
             self._down = True
             log.warning("the shared tier failed %s (further failures are not logged until it "
-                        "answers again): %s", what, exc)
+                        "answers again): %s", what, str(exc))
 
     def _reachable(self) -> None:
         if self._down:

@@ -226,7 +226,7 @@ class Writes:
             except TierKVError as exc:
                 st.counters.dag_edges_unpersisted += 1
                 log.warning("add_dependency: the edge could not be written into the child's "
-                            "header (%s); its persistent copies without it are removed", exc)
+                            "header (%s); its persistent copies without it are removed", str(exc))
                 await self._remove_unlinked(entry, meta, claim, rewritten)
 
     async def _remove_unlinked(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
