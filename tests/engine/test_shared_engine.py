@@ -444,6 +444,27 @@ async def test_a_server_restarted_empty_loses_its_log_and_the_engines_drop_what_
         assert await b.get(b"new") == b"value"
 
 
+async def test_a_log_flushed_away_under_live_connections_is_noticed(
+        fresh_redis_server: RedisServer) -> None:
+    """``FLUSHALL`` while both engines stay connected: no read fails, yet the log B follows is
+    gone with whatever it had not read; B's follower surveys the log while it reads and drops
+    what it holds (a follower behind the log served the values of entries it never read for
+    good: it noticed a lost log only when its connection failed)."""
+    server = fresh_redis_server
+    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"K", b"old")
+        await a.invalidate(b"unrelated")  # an entry in the log: B's cursor names it
+        await a.settle()
+        assert await b.get(b"K") == b"old"
+        await b.settle()
+        server.command("FLUSHALL")
+        await eventually(lambda: dropped(b, b"K"), within=10.0)
+        assert tier_stats(b)["log_history_lost"] >= 1
+        await shares_again(a, b"new", b"value")
+        assert await b.get(b"new") == b"value"
+
+
 async def shares_again(kv: tierkv.Engine, key: bytes, value: bytes) -> None:
     """Put until the copy reaches the server: the first call after a restart may still find
     a connection of the old server (redis-py reconnects on the next)."""

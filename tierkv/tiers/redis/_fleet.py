@@ -29,7 +29,10 @@ happened. So each log has an *epoch*, a random id set beside it by the first eng
 none (`_SURVEY`), and a position in the log is checked where it was read (`reaches`): a cursor
 after the horizon must still name an entry of the stream, and a cursor at the start (no entry
 read yet) must be of the same epoch. Where neither holds, what was invalidated meanwhile cannot
-be known, and the engine drops what it holds, as for a trimmed history.
+be known, and the engine drops what it holds, as for a trimmed history. The follower surveys
+the log once a second while it reads it, not only when it reconnects: a log lost under a live
+connection fails no read, and a follower that had not read the last entries served what they
+invalidated for good.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ _SEQ_BITS = 20
 _PAGE = 512
 #: the longest the follower waits before trying a lost connection again
 _MAX_BACKOFF = 2.0
+#: seconds between two surveys of the log while the follower reads it (`_follow`)
+SURVEY_EVERY = 1.0
 #: tombs the follower holds before it first drops those at or below the horizon (then twice
 #: what it kept: a survey and a pass over the tombs per as many new ones, amortised)
 PRUNE_AT = 1024
@@ -211,6 +216,8 @@ class Fleet:
     # -- following ---------------------------------------------------------------------------
     async def _follow(self) -> None:
         backoff = 0.05
+        loop = asyncio.get_running_loop()
+        surveyed = loop.time()
         while not self._stopping:
             try:
                 if not self.connected:
@@ -220,6 +227,12 @@ class Fleet:
                     log.info("the shared tier's invalidation log is reachable again")
                 await self._read_page(block=True)
                 backoff = 0.05
+                if loop.time() - surveyed >= SURVEY_EVERY:
+                    # a log lost under a live connection (FLUSHALL, evicted) fails no read: a
+                    # read from the cursor blocks, or goes on in the new log, as if nothing had
+                    # been invalidated meanwhile; the survey finds the cursor's entry gone
+                    surveyed = loop.time()
+                    await self._read_horizon()
             except DeviceError as exc:
                 if self.connected:
                     log.warning("the shared tier's invalidation log is unreachable: %s", exc)
