@@ -465,6 +465,28 @@ async def test_a_log_flushed_away_under_live_connections_is_noticed(
         assert await b.get(b"new") == b"value"
 
 
+async def test_an_invalidation_larger_than_the_servers_bulk_limit_reaches_the_fleet(
+        fresh_redis_server: RedisServer) -> None:
+    """An invalidation whose keys together exceed the server's ``proto-max-bulk-len`` (1 MiB,
+    its least: 20 children under keys of 60,000 bytes): published in several entries, B drops
+    every child. In one entry the server refused it at each try, and B served them for good."""
+    server = fresh_redis_server
+    server.command("CONFIG", "SET", "proto-max-bulk-len", "1mb")
+    configs = [shared_config(url=server.url, timeout="2s") for _ in range(2)]
+    children = [b"%02d" % i + b"c" * 60_000 for i in range(20)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"root", b"r")
+        for child in children:
+            await a.put(child, b"derived", parents=[b"root"])
+        await a.settle()
+        assert await b.get_many(children) == [b"derived"] * 20
+        await b.settle()
+        assert await a.invalidate(b"root") == 21
+        await eventually(lambda: dropped(b, *children), within=10.0)
+        assert await b.get_many(children) == [None] * 20
+        assert engine_stats(a)["shared_republished"] == 0  # the server took it at once
+
+
 async def shares_again(kv: tierkv.Engine, key: bytes, value: bytes) -> None:
     """Put until the copy reaches the server: the first call after a restart may still find
     a connection of the old server (redis-py reconnects on the next)."""

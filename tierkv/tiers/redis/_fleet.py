@@ -61,6 +61,8 @@ _SEQ_BITS = 20
 _PAGE = 512
 #: the longest the follower waits before trying a lost connection again
 _MAX_BACKOFF = 2.0
+#: bytes of keys one entry of the log carries at most (`_entries`)
+ENTRY_BYTES = 256 << 10
 #: seconds between two surveys of the log while the follower reads it (`_follow`)
 SURVEY_EVERY = 1.0
 #: tombs the follower holds before it first drops those at or below the horizon (then twice
@@ -103,6 +105,23 @@ def _reaches(cursor: int, epoch: bytes | None, survey: tuple[bytes, int, bool]) 
     if cursor > 0:
         return cursor == horizon if cursor <= horizon else found
     return epoch is None or epoch == epoch_now
+
+
+def _entries(keys: Sequence[bytes]) -> list[list[bytes]]:
+    """`keys` cut into the lists of one log entry each, `ENTRY_BYTES` of keys at most (one key
+    longer than that alone): an invalidation of a whole model in one entry exceeded the
+    server's `proto-max-bulk-len`, which refused it every time it was sent again, and the other
+    engines never learned of it. Each entry is applied on its own, in order; a record is stale
+    after the entry naming its key (`tombs`), wherever the rest of the invalidation lies."""
+    entries: list[list[bytes]] = [[]]
+    size = 0
+    for key in keys:
+        if entries[-1] and size + len(key) + 5 > ENTRY_BYTES:
+            entries.append([])
+            size = 0
+        entries[-1].append(key)
+        size += len(key) + 5  # msgpack's widest bin header
+    return entries
 
 
 def entry_order(entry_id: bytes | str) -> int:
@@ -179,12 +198,14 @@ class Fleet:
         engines (a miss)."""
         if not keys:
             return
-        trim = max(int((time.time() - self._config.retention) * 1000), 0)
-        entry_id = await self._call(self._client.eval(
-            _APPEND, 2, self.stream, self.horizon_key, f"{trim}-0", self.origin,
-            msgpack.packb(list(keys), use_bin_type=True)))
-        order = entry_order(entry_id)
-        self._tomb(keys, order)
+        order = 0
+        for part in _entries(keys):
+            trim = max(int((time.time() - self._config.retention) * 1000), 0)
+            entry_id = await self._call(self._client.eval(
+                _APPEND, 2, self.stream, self.horizon_key, f"{trim}-0", self.origin,
+                msgpack.packb(part, use_bin_type=True)))
+            order = entry_order(entry_id)
+            self._tomb(part, order)
         self._counters["invalidations_published"] += 1
         if not read_back:
             return
