@@ -25,10 +25,13 @@ log = logging.getLogger("tierkv.engine")
 
 
 class CopyOps:
-    __slots__ = ("_st",)
+    __slots__ = ("_scrubs_failing", "_st")
 
     def __init__(self, state: EngineState) -> None:
         self._st = state
+        #: tiers whose last scrub failed: logged once until one succeeds (a server down
+        #: failed every put's share, and the log took a line per key)
+        self._scrubs_failing: set[int] = set()
 
     async def read(self, entry: IndexEntry, tier: int) -> tuple[ObjectMeta, Payload] | None:
         """The object from `tier`'s copy; ``None`` if the tier failed (counted) or lost it (a
@@ -212,9 +215,13 @@ class CopyOps:
                         st.counters.device_errors += 1
                         if st.refused_delete is not None:  # until a flush deletes or records it
                             st.refused_delete(key, tier)
-                    log.warning("tier %s: cleaning up a cancelled write failed: %s",
-                                st.names[tier], str(str(exc)))
+                    if tier not in self._scrubs_failing:
+                        self._scrubs_failing.add(tier)
+                        log.warning("tier %s: deleting what a failed or cancelled write may have "
+                                    "left failed (logged once until one succeeds): %s",
+                                    st.names[tier], str(exc))
                 else:
+                    self._scrubs_failing.discard(tier)
                     st.counters.orphans_scrubbed += existed
                     st.commits[tier].note()
                     st.spaces[tier].freed()

@@ -144,7 +144,7 @@ class EngineState:
             self.counters.breaker_skips += 1
             return
         self.counters.device_errors += 1
-        log.warning("tier %s failed %s: %s", self.names[tier], what, str(str(exc)))
+        log.warning("tier %s failed %s: %s", self.names[tier], what, str(exc))
 
     async def _scrub(self, key: bytes, dirty: set[int]) -> None:
         assert self.scrub is not None, "the engine installs the scrub before any operation"
