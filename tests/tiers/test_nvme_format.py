@@ -11,10 +11,13 @@ as it was, unless ``format = true``, which formats it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -233,3 +236,41 @@ async def test_foreign_block_device_is_refused_untouched(tmp_path: Path,
     forced = _on_device(tmp_path, loop_device, fmt=True)
     assert await forced.open() == []
     await forced.close()
+
+
+async def test_a_block_device_in_use_is_refused_through_another_node(
+        tmp_path: Path, loop_device: Path) -> None:
+    """A second device node of the same block device (as two containers' /dev have): a tier
+    and a wipe through it are refused while a tier holds the device. The flock is per node, and
+    both engines opened the log, each overwriting the other's regions; a wipe zeroed it."""
+    alias = tmp_path / "alias"
+    try:
+        os.mknod(alias, stat.S_IFBLK | 0o600, os.stat(loop_device).st_rdev)
+    except OSError as exc:
+        pytest.skip(f"cannot make a second device node here: {exc.strerror}")
+    tier = _on_device(tmp_path, loop_device, fmt=False)
+    await tier.open()
+    try:
+        await tier.put(key(1), meta_of(_data(1)), memoryview(_data(1)))
+        await tier.flush()
+        other = _on_device(tmp_path, alias, fmt=False)
+        with pytest.raises(DeviceError, match="in use"):
+            await other.open()
+        await other.close()
+        config = tmp_path / "alias.toml"
+        config.write_text(f'[[tiers]]\nname = "nvme"\nkind = "nvme"\npath = "{alias}"\n'
+                          f'capacity = {SUPERBLOCK_SIZE + 4 * REGION}\n'
+                          f'region_size = {REGION}\n')
+        wipe = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "tierkv.cli", "format", "--config",
+                             str(config), "--yes"], capture_output=True, text=True, check=False)
+        assert wipe.returncode == 1 and "in use" in wipe.stderr, wipe.stderr
+    finally:
+        await tier.close()
+    again = _on_device(tmp_path, alias, fmt=False)  # free once the holder closed
+    await again.open()
+    try:
+        got = await again.get(key(1))
+        assert got is not None and bytes(got[1]) == _data(1)
+    finally:
+        await again.close()

@@ -99,10 +99,16 @@ def claim(path: Path) -> Claim:
     naming the path when it cannot be opened, is held by another open file (an open pool or
     log), or is neither a regular file nor a device."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        # a block device opened exclusively, as the nvme tier opens it: its flock is per device
+        # node, and a tier holding the device through another node was wiped under it
+        block = stat.S_ISBLK(os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_EXCL if block else 0))
     except FileNotFoundError:
         return Claim(path, None, None)
     except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            raise DeviceError(f"{path}: in use (open exclusively by a tier, another process or "
+                              "a mounted filesystem); not wiped") from exc
         raise DeviceError(f"{path}: cannot open it to wipe it: {exc.strerror}") from exc
     try:
         try:

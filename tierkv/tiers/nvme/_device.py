@@ -66,7 +66,8 @@ def open_device(config: NvmeTierConfig) -> Device:
         raise DeviceError(f"{path}: cannot stat: {exc.strerror}", errno=exc.errno) from exc
     if existing is not None and stat.S_ISDIR(existing.st_mode):
         raise DeviceError(f"{path}: is a directory, expected a file or block device")
-    fd, direct, created = _open_fd(path, existing is None, config.direct)
+    block = existing is not None and stat.S_ISBLK(existing.st_mode)
+    fd, direct, created = _open_fd(path, existing is None, config.direct, exclusive=block)
     try:
         _lock(fd, path)
         info = os.fstat(fd)
@@ -96,14 +97,20 @@ def open_device(config: NvmeTierConfig) -> Device:
     return Device(fd, path, block, direct, size, lbs, created)
 
 
-def _open_fd(path: Path, create: bool, direct: bool) -> tuple[int, bool, bool]:
+def _open_fd(path: Path, create: bool, direct: bool, *, exclusive: bool = False
+             ) -> tuple[int, bool, bool]:
     """A read-write fd on `path`, whether it is O_DIRECT, and whether this call created the file.
+
+    `exclusive` (a block device): opened with O_EXCL, which Linux makes exclusive per device,
+    whatever node names it (EBUSY: `LockHeldError`). The flock is per inode, and each device
+    node is one: two engines naming one device through two nodes (two containers' /dev) both
+    opened it, and each overwrote the other's log.
 
     The file is created without O_DIRECT: a filesystem that refuses O_DIRECT (ramfs, tmpfs
     before Linux 6.6) creates the file before it fails the open with EINVAL, so an O_DIRECT
     create would leave a file behind that a retry with O_EXCL then cannot create.
     """
-    flags = os.O_RDWR | os.O_CLOEXEC
+    flags = os.O_RDWR | os.O_CLOEXEC | (os.O_EXCL if exclusive else 0)
     fd: int | None = None
     if create:
         try:
@@ -137,6 +144,12 @@ def _open_fd(path: Path, create: bool, direct: bool) -> tuple[int, bool, bool]:
         if created:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        if exclusive and exc.errno == errno.EBUSY:
+            # held by another opener (this engine's other tier, another process, a mount); one
+            # killed a moment ago may still hold it while its io_uring is torn down
+            raise LockHeldError(f"{path}: in use: the device is open exclusively elsewhere "
+                                "(another tier or engine, or a mounted filesystem)",
+                                live=False) from exc
         raise DeviceError(f"{path}: cannot open: {exc.strerror}", errno=exc.errno) from exc
     return fd, direct, created
 
