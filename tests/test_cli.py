@@ -107,6 +107,22 @@ def test_info_of_a_redis_tier_writes_nothing_to_the_server(
     assert redis_server.command("DBSIZE") == 0
 
 
+@pytest.mark.parametrize("where", ['url = "redis://127.0.0.1:1/0"', 'cluster = ["127.0.0.1:1"]'],
+                         ids=["standalone", "cluster"])
+def test_a_shared_tier_that_cannot_be_reached_is_one_line(tmp_path: Path, where: str) -> None:
+    """`info` says it is not reachable, `serve-metrics` refuses in one line: a cluster's
+    connection error is no `RedisError` (redis-py), and both printed a traceback of ~100 lines."""
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY + f'[[tiers]]\nname = "shared"\nkind = "redis"\n{where}\n'
+                                 'capacity = "16MiB"\n')
+    info = run_cli("info", "--config", str(config))
+    assert info.returncode == 0 and "Traceback" not in info.stderr, info.stderr
+    assert "reachable: no" in info.stdout
+    serve = run_cli("serve-metrics", "--config", str(config), "--port", "0")
+    assert_one_line(serve, 1)
+    assert "redis tier 'shared'" in serve.stderr
+
+
 def test_bench_gpu_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "devices.toml"
     config.write_text(GPU_ONLY)

@@ -179,8 +179,8 @@ class RedisTier(Tier):
             self._counters["errors"] += 1
             raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url} did not "
                               f"answer within {self.config.timeout:g}s") from None
-        except redis.exceptions.RedisError as exc:
-            self._counters["errors"] += 1
+        except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+            self._counters["errors"] += 1  # a cluster's are no RedisErrors (unreachable: open)
             raise DeviceError(f"redis tier {self.name!r}: {self.config.display_url}: "
                               f"{type(exc).__name__}: {exc}") from None
         except OSError as exc:
