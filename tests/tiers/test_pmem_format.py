@@ -164,6 +164,17 @@ async def test_damaged_pool_header_is_refused_untouched(tmp_path: Path, damage: 
     await assert_refused_untouched(path)
 
 
+async def test_a_truncated_pool_is_refused_untouched(tmp_path: Path) -> None:
+    """A pool cut to half its size (a copy cut short): PMDK refuses it, and the open probe's
+    recovery, which ran before the refusal, wrote into its lanes (PMDK's copy-on-write at open
+    now keeps those writes in the probe's memory)."""
+    path = tmp_path / "tier.pool"
+    await write_pool(path)
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    await assert_refused_untouched(path)
+
+
 async def test_damaged_root_is_refused_and_the_records_kept(tmp_path: Path) -> None:
     """PMDK opens such a pool (and updates its own run-time state in it): only the root is
     wrong, and the records stay where they were."""

@@ -14,8 +14,10 @@ case, the ones not foreseen included.
 `probe_open` runs `_probe_child` (standard library only, so it starts in about 10 ms), which
 opens the pool, reads its root and walks every object as the tier's open would, checking that
 each lies inside the pool, then closes it. Only if that ends well does the tier open the pool
-itself: PMDK has just been seen to handle these bytes, and the probe's open has already done
-PMDK's recovery, so the tier's open meets the state the probe left.
+itself: PMDK has just been seen to handle these bytes. The probe opens the pool copy-on-write
+(``PMEMOBJ_CONF=copy_on_write.at_open=1``): PMDK's recovery at open runs on a private mapping,
+so a pool the probe refuses is left as it was (its lane recovery rewrote bytes of a truncated
+pool it then refused), and the tier's own open runs the same recovery on the same bytes.
 
 Cost at open (2-vCPU VM, pools on an ext4 file): a probe of a 122 MiB pool of 200 objects takes
 30 ms (the tier's whole open went from 32 to 65 ms); of a 170 MiB pool of 20,000 objects, 67 ms
@@ -73,10 +75,16 @@ def probe_open(path: Path, layout_name: str, root_size: int) -> int:
         raise DeviceError(f"{path}: no Python interpreter to run the pmem open probe with")
     argv = [sys.executable, "-I", "-S", str(_CHILD), os.fsdecode(path), layout_name,
             str(root_size), pmemobj.LIBPMEMOBJ, str(os.getpid())]
+    # the probe's recovery runs on a private copy of the pool (PMDK's copy-on-write at open):
+    # its lane recovery wrote into a pool it then refused, which must stay as it was
+    conf = "copy_on_write.at_open=1"
+    if os.environ.get("PMEMOBJ_CONF"):
+        conf = f"{os.environ['PMEMOBJ_CONF']};{conf}"
+    environ = {**os.environ, "PMEMOBJ_CONF": conf}
     started = time.monotonic()
     with tempfile.TemporaryFile() as errors:
         with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=errors) as child:
+                              stderr=errors, env=environ) as child:
             try:
                 last = _last_line(cast(IO[bytes], child.stdout))
             finally:
