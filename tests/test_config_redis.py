@@ -97,6 +97,8 @@ def test_bad_url(url: Any) -> None:
     "rediss://127.0.0.1:1/0?ssl_cert_reqs=bogus", "redis://127.0.0.1:1/0?protocol=9",
     "redis://127.0.0.1:1/0?retry=x", "redis://127.0.0.1:1/0?decode_responses=true",
     "redis://127.0.0.1:1/0?encoding=nonexistent-codec",
+    # database numbers redis-py took for 0 (abc) or refused only at open
+    "redis://127.0.0.1:1/abc", "redis://127.0.0.1:1/-1", "rediss://127.0.0.1:1/0/1",
 ], ids=repr)
 def test_a_url_the_client_would_refuse_is_refused_at_load(url: str) -> None:
     # these loaded, then failed at open (naming tiers.shared.url) or with a traceback

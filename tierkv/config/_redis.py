@@ -135,6 +135,11 @@ def _check_url(t: Table, url: str) -> None:
         raise t.error("url", f"not a valid URL: {exc}") from None
     if port == 0:
         raise t.error("url", "port 0 is not a server's port (1..65535)")
+    database = parts.path[1:]
+    if parts.scheme != "unix" and database and not (database.isascii() and database.isdigit()):
+        # redis-py took "/abc" for database 0 and failed at open on "/-1"
+        raise t.error("url", "the path is the database number (redis://host:port/0): a "
+                             "whole number, 0 or more")
     _check_query(t, url, parts.query)
     _check_with_client(t, url)
 
