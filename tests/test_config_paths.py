@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tierkv import load_config, load_config_text
+from tierkv import ConfigError, load_config, load_config_text
 from tierkv.config import NvmeTierConfig, PmemTierConfig, RedisTierConfig
 
 PERSISTENT = """
@@ -159,3 +159,16 @@ def test_relative_tls_files_of_a_redis_url_in_a_config_file_are_beside_the_file(
 def test_a_config_of_another_type_is_named(source: object) -> None:
     with pytest.raises(TypeError, match=f"not {type(source).__name__}"):
         load_config(source)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("tier", ["pmem", "nvme"])
+def test_a_path_ending_in_a_slash_is_refused(tmp_path: Path, tier: str) -> None:
+    """"log/" names a directory; it made or used a file named "log" (Path drops the slash)."""
+    names = {"pmem": "l2.pool", "nvme": "l3.log"}
+    names[tier] = "new/"
+    config = tmp_path / "tierkv.toml"
+    config.write_text(PERSISTENT.format(**names))
+    index = 0 if tier == "pmem" else 1
+    with pytest.raises(ConfigError, match=rf"tiers\[{index}\]\.path.*ends with '/'"):
+        load_config(config)
+    assert not (tmp_path / "new").exists()

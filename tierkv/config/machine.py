@@ -91,6 +91,10 @@ def check_path(t: KeyErrors, key: str, text: str, kind: TierKind, directory: Pat
     path is taken in `directory` (the config file's), or left relative where it is None."""
     if "\x00" in text:
         raise t.error(key, "a path cannot contain a NUL byte")
+    if text.endswith("/"):
+        # Path drops the slash: "log/" made or used a file named "log"
+        raise t.error(key, f"{text} ends with '/', which names a directory; the pool or log is "
+                           "a file or device")
     try:
         # expanduser raises RuntimeError for ~user of no such user (or no home to be found)
         path = Path(text).expanduser()
