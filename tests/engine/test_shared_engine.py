@@ -424,32 +424,15 @@ async def test_an_invalidation_made_while_the_server_is_down_is_published_when_i
         assert tier_stats(b)["log_history_lost"] == 0
 
 
-async def test_a_server_restarted_empty_loses_its_log_and_the_engines_drop_what_they_hold(
-        fresh_redis_server: RedisServer) -> None:
-    """A server restarted without its data has lost the fleet's log, and with it whatever
-    invalidations an engine had not read yet: an engine that finds a new log drops what it
-    holds (misses, never a stale hit) and shares again."""
-    server = fresh_redis_server
-    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
-    async with engines(*configs) as (a, b):
-        await a.put(b"K", b"old")
-        await a.settle()
-        assert await b.get(b"K") == b"old"
-        await b.settle()
-        server.kill()
-        await asyncio.to_thread(server.restart)
-        await eventually(lambda: dropped(b, b"K"), within=10.0)
-        assert tier_stats(b)["log_history_lost"] >= 1
-        await shares_again(a, b"new", b"value")
-        assert await b.get(b"new") == b"value"
-
-
-async def test_a_log_flushed_away_under_live_connections_is_noticed(
-        fresh_redis_server: RedisServer) -> None:
-    """``FLUSHALL`` while both engines stay connected: no read fails, yet the log B follows is
-    gone with whatever it had not read; B's follower surveys the log while it reads and drops
-    what it holds (a follower behind the log served the values of entries it never read for
-    good: it noticed a lost log only when its connection failed)."""
+@pytest.mark.parametrize("loss", ["restarted-empty", "flushall-while-connected"])
+async def test_a_server_that_lost_its_log_makes_the_engines_drop_what_they_hold(
+        fresh_redis_server: RedisServer, loss: str) -> None:
+    """A server restarted without its data, or a ``FLUSHALL`` while both engines stay
+    connected, has lost the fleet's log, and with it whatever invalidations an engine had not
+    read yet: an engine that finds a new log drops what it holds (misses, never a stale hit)
+    and shares again. After a ``FLUSHALL`` no read fails: B's follower surveys the log while it
+    reads (one behind the log served the values of entries it never read for good: it noticed
+    a lost log only when its connection failed)."""
     server = fresh_redis_server
     configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
     async with engines(*configs) as (a, b):
@@ -458,7 +441,11 @@ async def test_a_log_flushed_away_under_live_connections_is_noticed(
         await a.settle()
         assert await b.get(b"K") == b"old"
         await b.settle()
-        server.command("FLUSHALL")
+        if loss == "restarted-empty":
+            server.kill()
+            await asyncio.to_thread(server.restart)
+        else:
+            server.command("FLUSHALL")
         await eventually(lambda: dropped(b, b"K"), within=10.0)
         assert tier_stats(b)["log_history_lost"] >= 1
         await shares_again(a, b"new", b"value")
