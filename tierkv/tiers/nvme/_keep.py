@@ -42,7 +42,12 @@ def entries_to_keep(st: LogState, victim: Region, room: int, asked: set[bytes],
     if not threshold and worth is None:
         return []
     ample = bool(threshold) and _mostly_free(st)
-    budget = st.config.region_size - st.align - room
+    # the head pads what is copied forward to a block boundary (`RegionLog._open_head`), and
+    # `room` must be free after the padding: the budget ends a block before the last boundary
+    # that leaves it. Without the padding counted the kept entries overflowed into the room by
+    # up to a block, the put rotated again, the same entries went back and forth between two
+    # regions, and the put never ended (a healthy log's puts were cut off as a slow device)
+    budget = (st.config.region_size - room) // st.align * st.align - st.align
     budget -= sum(entry_size(len(e.header), len(e.payload), st.grain) for e in taken)
     candidates: list[tuple[float, bytes, int]] = []
     for key in st.index.keys_in_region(victim.index):

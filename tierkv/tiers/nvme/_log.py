@@ -69,13 +69,14 @@ class RegionLog:
         self.place(key, meta, header, payload=payload, flags=flags, size=size)
 
     async def make_room(self, size: int, grows: int = 0) -> None:
-        """Rotate until the head has `size` bytes free, and keep FREE regions for a checkpoint
-        grown by `grows` bytes (an entry the index will hold, `CheckpointReserve.entry_bytes`);
-        under the lock."""
-        st = self._st
+        """Rotate until the head has `size` bytes free (a second rotation keeps nothing: never
+        a loop), and keep FREE regions for a checkpoint grown by `grows` bytes (an entry the
+        index will hold, `CheckpointReserve.entry_bytes`); under the lock."""
+        st, room = self._st, size
         while True:
             if st.head is None or st.head.used + size > st.config.region_size:
-                await self._rotate(size)
+                await self._rotate(room)
+                room = st.config.region_size
             elif grows and st.reserve.short(st.index, grows):
                 await self._restore_reserve()
             else:
