@@ -81,6 +81,8 @@ async def eventually(condition: Callable[[], Awaitable[bool]], within: float) ->
 
 # -- no get returns bytes that differ from what was put --------------------------------------
 SIZES = (500, 6000, 15_000, 60_000, 120_000)
+#: the faults `test_no_get_returns_bytes_that_were_not_put` injects, each of which must fire
+FAULTS = {"pmem:eio", "nvme:torn", "nvme:flip"}
 
 
 @pytest.mark.pmem
@@ -112,7 +114,12 @@ async def test_no_get_returns_bytes_that_were_not_put(tmp_path: Path, seed: int,
         tally["hits"] += 1
 
     async with faulty_engine(cfg, plan) as kv:
-        for version in range(1500):
+        version = 0
+        # 1,500 operations, more until each fault has fired: how many writes reach the log
+        # depends on when the evictors run, and on a loaded machine 1,500 made so few that a
+        # 5 % tear once fired in none of them
+        while version < 1500 or (not set(plan.fired) >= FAULTS and version < 6000):
+            version += 1
             key, roll = rng.choice(keys), rng.random()
             if roll < 0.35:
                 latest[key] = data = value(key, version, rng.choice(SIZES))
@@ -140,7 +147,7 @@ async def test_no_get_returns_bytes_that_were_not_put(tmp_path: Path, seed: int,
     record_property("tally", dict(tally))
     record_property("faults", dict(plan.fired))
     # not vacuous: each fault fired, flips were caught, and most reads still hit
-    assert {"pmem:eio", "nvme:torn", "nvme:flip"} <= set(plan.fired)
+    assert set(plan.fired) >= FAULTS
     assert detected > 0
     assert tally["hits"] > tally["misses"] > 0
 
