@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 
+from tierkv._concurrency import outlive_cancel
 from tierkv.config import RegionEviction
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
@@ -155,12 +156,22 @@ class RegionLog:
                 self._seal(st.head)
                 break
             await st.wait_changed()  # a seal task's end frees a slot (`LogState.sealing`)
-        reserve = st.reserve
-        reserve.tally(st.regions, st.regions.made)
-        keep = reserve.needed(reserve.bound(st.index))  # with the full head's entries
+        st.reserve.tally(st.regions, st.regions.made)
+        keep = st.reserve.needed(st.reserve.bound(st.index))  # with the full head's entries
         region, hot = await self._take_region(keep, room)
+        # hot entries left the index with their region: placed whatever befalls the caller (a
+        # cancellation while reads of the victim ended dropped them, a flushed object's last
+        # durable copy too); a FREE region loses nothing
+        opened = self._open_when_ready(region, hot, keep)
+        await (outlive_cancel(opened) if hot else opened)
+
+    async def _open_when_ready(self, region: Region, hot: list[HotEntry], keep: int) -> None:
+        st = self._st
+        await settle(region.writes)  # a region kept FREE may have its empty header going
+        while region.readers:  # reads that began before the index let go of the region
+            await st.wait_changed()
         self._open_head(region, hot)
-        reserve.hold(st.index, keep)
+        st.reserve.hold(st.index, keep)
 
     def _seal(self, head: Region) -> None:
         """Detach the head and start writing it, in one step: it is never left without an owner."""
@@ -170,9 +181,9 @@ class RegionLog:
         spawn(self._writes.write_sealed(head), st.sealing, st.changed.set)
 
     async def _take_region(self, keep: int, room: int) -> tuple[Region, list[HotEntry]]:
-        """A FREE region with no reads in flight for the new head, reclaiming one if need be
-        (also when taking a FREE one would leave fewer than `keep`), and the hot entries of a
-        reclaimed victim (already dropped from the index)."""
+        """A FREE region for the new head, reclaiming one if need be (also when taking a FREE
+        one would leave fewer than `keep`), and the hot entries of a reclaimed victim (out of
+        the index: `_open_when_ready` waits for the victim's reads, then places them)."""
         st = self._st
         spare = st.reserve.free
         if not st.reuse_failed:
@@ -185,17 +196,6 @@ class RegionLog:
                 if spare > keep else None)  # else taking one leaves too few FREE
         region, hot = (free, []) if free is not None else await self._reclaim(room)
         self.in_transit.update((entry.key, entry) for entry in hot)  # no await since the forget
-        try:
-            await settle(region.writes)  # a region kept FREE may have its empty header going
-            while region.readers:  # reads that began before the index let go of the region
-                await st.wait_changed()
-        except BaseException:
-            # the hot entries left the index with their region and are not copied back now
-            st.counters["entries_dropped"] += len(hot)
-            for entry in hot:
-                self.in_transit.pop(entry.key, None)
-            st.drop([entry.key for entry in hot])
-            raise
         return region, hot
 
     def _open_head(self, region: Region, hot: list[HotEntry]) -> None:
