@@ -52,16 +52,16 @@ class Call:
                 try:
                     await asyncio.sleep(0)
                 except BaseException as exc:
-                    await self.__aexit__(type(exc))
+                    self._leave(type(exc))
                     raise
 
     async def __aexit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
-            self._st.counters.cancelled_calls += 1
-        self._leave()
+        self._leave(exc_type)
 
-    def _leave(self) -> None:
+    def _leave(self, ended_by: type[BaseException] | None) -> None:
         st = self._st
+        if ended_by is not None and issubclass(ended_by, asyncio.CancelledError):
+            st.counters.cancelled_calls += 1
         st.active -= 1
         if not st.active:
             st.quiet.set()
