@@ -16,6 +16,7 @@ import pytest
 import tierkv
 from tests.engine._configs import gpu_tier, pmem_tier
 from tests.engine.test_refused_deletes import run_child_until_flushed
+from tierkv.keys import Key
 from tierkv.testing.redis_server import RedisServer
 from tierkv.testing.stepping import cancel_at
 
@@ -46,6 +47,51 @@ async def test_what_the_fleet_invalidated_while_an_engine_was_down_is_gone_after
         await kv.put(b"k1", b"again" * 100)  # stored after the invalidation: it stays
     async with tierkv.open(a) as kv:
         assert await kv.get(b"k1") == b"again" * 100
+
+
+@pytest.mark.parametrize("parent", ["model", "deleted"])
+async def test_what_derives_from_a_key_not_held_goes_if_the_fleet_invalidated_it_meanwhile(
+        tmp_path: Path, redis_url: str, parent: str) -> None:
+    """The parent the fleet invalidated while this engine was down is one it does not hold (a
+    model version, a key it deleted): what it recovered deriving from it goes at the open,
+    as it would have gone had the engine been running (the log's entries were applied only
+    to keys the engine held)."""
+    a, b = engine(tmp_path / "a", redis_url), engine(tmp_path / "b", redis_url)
+    async with tierkv.open(a) as kv:
+        if parent == "model":
+            child: Key = tierkv.block_keys(list(range(16)), block_size=16, model="m@1",
+                                                  rope_theta=10000.0)[0]
+            await kv.put(child, b"block" * 100)
+        else:
+            child = b"c"
+            await kv.put(b"p", b"parent" * 100)
+            await kv.put(child, b"child" * 100, parents=[b"p"])
+            await kv.delete(b"p")
+        await kv.settle()
+    async with tierkv.open(b) as other:  # while a is down
+        if parent == "model":
+            await other.invalidate_model("m@1")
+        else:
+            await other.invalidate(b"p")
+    async with tierkv.open(a) as kv:
+        assert await kv.get(child) is None
+
+
+async def test_an_edge_added_to_a_shared_copy_survives_a_restart(redis_url: str) -> None:
+    """`add_dependency` to a key held in volatile tiers and the shared tier: the shared copy's
+    record names the new parent, so the object adopted again after a restart is known to
+    derive from it (the record kept its old parents, and an invalidation of the parent after
+    the restart left the child served)."""
+    config = {"tiers": [gpu_tier(), {"name": "shared", "kind": "redis", "url": redis_url,
+                                     "capacity": "64MiB"}]}
+    async with tierkv.open(config) as kv:
+        await kv.put(b"p", b"parent" * 100)
+        await kv.put(b"c", b"child" * 100)
+        await kv.settle()  # both shared
+        await kv.add_dependency(b"p", b"c")
+    async with tierkv.open(config) as kv:  # nothing local: the shared copies are adopted
+        assert await kv.invalidate(b"p") >= 0
+        assert await kv.get(b"c") is None
 
 
 async def test_an_engine_the_log_no_longer_reaches_back_to_drops_what_it_recovered(

@@ -36,12 +36,7 @@ from tierkv.engine._commit import GroupCommit
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._own import keep_own, own_tiers, read_own, read_records
 from tierkv.engine._state import EngineState
-from tierkv.errors import (
-    DependencyCycleError,
-    DeviceError,
-    TierKVError,
-    TierUnavailableError,
-)
+from tierkv.errors import DependencyCycleError, DeviceError, TierKVError, TierUnavailableError
 from tierkv.formats.shared_record import SharedRecord
 from tierkv.formats.tombstones import UNPUBLISHED_MAGIC, decode_tombstones, encode_tombstones
 from tierkv.formats.value import ObjectMeta, Payload
@@ -117,10 +112,12 @@ class Shared:
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
-        what the log invalidated since the cursor saved with them (`save_cursor`): entries
-        after it are dropped here (one stored again since is dropped too: a miss, never a stale
-        hit); if entries after it were trimmed, or no cursor was saved and some were, every
-        recovered object is dropped."""
+        what the log invalidated since the cursor saved with them (`save_cursor`): the keys
+        of entries after it that are held here, or that something held here derives from (a
+        model version, a key deleted here: what a running engine's follower applies too), are
+        invalidated here (one stored again since too: a miss, never a stale hit); if entries
+        after it were trimmed, or no cursor was saved and some were, every recovered object is
+        dropped."""
         if self.tier is None or self.tier.fleet is None:
             return
         self._forget = forget
@@ -141,8 +138,9 @@ class Shared:
             await self._history_lost()
             return
         since = cursor if saved is not None else -1
+        index, dag = self._st.index, self._st.dag
         for key, order in [(key, order) for key, order in fleet.tombs.items()
-                           if order > since and key in self._st.index]:
+                           if order > since and (key in index or dag.has_children(key))]:
             await forget(key, order)
 
     async def _saved_cursor(self) -> tuple[int, bytes | None] | None:

@@ -191,17 +191,17 @@ class Writes:
 
     async def relink(self, key: bytes, parent: bytes) -> None:
         """Record that `key` derives from `parent`, in the DAG and in the parents `key`'s stored
-        object names, so that the edge survives a restart: the object's copies in persistent
-        tiers are rewritten in place with the same bytes and generation and the new header,
-        each synced; the other copies keep theirs (what they write down later carries the
-        entry's meta). `LimitExceededError` when the new header could not be read back and
-        `DependencyCycleError` when `parent` derives from `key`, both before anything changes.
-        A cancelled or failed rewrite leaves each copy with the old header or the new one, both
-        the same object. Where a rewrite fails (a full pool: the rewrite allocates before it
-        frees; a failing device), the persistent copies it did not rewrite are removed, synced
-        (counted and logged): kept, a restart would lose the edge, and a new value of `parent`
-        would leave `key` readable. The object stays where other copies hold it (a volatile
-        copy writes the new header when it moves down), or leaves the cache."""
+        object names, so that the edge survives a restart: the object's copies in persistent tiers
+        and the shared tier (`_carrying`) are rewritten in place with the same bytes and generation
+        and the new header, each synced; the other copies keep theirs (what they write down later
+        carries the entry's meta). `LimitExceededError` when the new header could not be read back
+        and `DependencyCycleError` when `parent` derives from `key`, both before anything changes. A
+        cancelled or failed rewrite leaves each copy with the old header or the new one, both the
+        same object. Where a rewrite fails (a full pool: the rewrite allocates before it frees; a
+        failing device), the carrying copies it did not rewrite are removed, synced (counted and
+        logged): kept, a restart would lose the edge, and a new value of `parent` would leave `key`
+        readable. The object stays where other copies hold it (a volatile copy writes the new header
+        when it moves down), or leaves the cache."""
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
@@ -226,16 +226,16 @@ class Writes:
             except TierKVError as exc:
                 st.counters.dag_edges_unpersisted += 1
                 log.warning("add_dependency: the edge could not be written into the child's "
-                            "header (%s); its persistent copies without it are removed", str(exc))
+                            "header (%s); its stored copies without it are removed", str(exc))
                 await self._remove_unlinked(entry, meta, claim, rewritten)
 
     async def _remove_unlinked(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
                                rewritten: set[int]) -> None:
-        """After a failed `_rewrite`: remove `entry`'s persistent copies whose header lacks the
-        new edge (not in `rewritten`), each delete synced; the entry takes the new header."""
+        """After a failed `_rewrite`: remove `entry`'s copies that carry their header past a
+        restart (`_carrying`) and lack the new edge (not in `rewritten`), each delete synced;
+        the entry takes the new header."""
         st = self._st
-        stale = [tier for tier in entry.locations
-                 if st.tiers[tier].persistent and tier not in rewritten]
+        stale = [tier for tier in _carrying(st, entry) if tier not in rewritten]
         leaving: contextlib.AbstractAsyncContextManager[None] = (
             self._departed.leaving(entry.key) if stale and len(stale) == len(entry.locations)
             else contextlib.nullcontext())
@@ -249,15 +249,15 @@ class Writes:
 
     async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
                        rewritten: set[int]) -> None:
-        """`relink`'s rewrite of the persistent copies' headers, the key held. A rewrite into
-        the nvme log appends, and the append may reclaim the region of the entry's earlier copy
+        """`relink`'s rewrite of the carrying copies' headers (`_carrying`), the key held. A rewrite
+        into the nvme log appends, and the append may reclaim the region of the entry's earlier copy
         there, which the log reports dropped as it appends: the copy just written is then the
-        object's again, or, if the object left the cache meanwhile (that was its last copy),
-        the key's scrub deletes it. Until session 23 it stayed on media listed by no entry: a
-        later delete found nothing, and a reopen brought the deleted value back. The tiers
-        whose copy has the new header, synced, go into `rewritten`."""
+        object's again, or, if the object left the cache meanwhile (that was its last copy), the
+        key's scrub deletes it. Until session 23 it stayed on media listed by no entry: a later
+        delete found nothing, and a reopen brought the deleted value back. The tiers whose copy has
+        the new header, synced, go into `rewritten`."""
         st = self._st
-        durable = [tier for tier in entry.locations if st.tiers[tier].persistent]
+        durable = _carrying(st, entry)
         if durable:
             got = await self._copies.read(entry, entry.locations[0])
             if entry.detached:
@@ -333,3 +333,12 @@ class Writes:
         await asyncio.gather(*(st.commits[tier].sync() for tier, device in enumerate(st.tiers)
                                if device.persistent and not device.shared
                                and st.commits[tier].pending))
+
+
+def _carrying(st: EngineState, entry: IndexEntry) -> list[int]:
+    """The tiers whose copy of `entry` keeps its header past a restart: the persistent ones,
+    and the shared tier, whose record an engine adopts again after a restart (with its parents
+    linked: kept with the old header, a new value of a parent added by `add_dependency` left
+    the adopted child readable)."""
+    return [tier for tier in entry.locations
+            if st.tiers[tier].persistent or st.tiers[tier].shared]
