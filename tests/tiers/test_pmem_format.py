@@ -7,6 +7,7 @@ that is not a valid pool is refused with a `DeviceError` naming the path, the fi
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import hashlib
 import os
@@ -237,3 +238,31 @@ async def test_format_never_replaces_a_pool_in_use(tmp_path: Path) -> None:
         assert got is not None and bytes(got[1]) == DATA
     finally:
         await holder.close()
+
+
+async def test_two_opens_creating_one_new_pool_at_once_leave_one_pool_and_the_process_able(
+        tmp_path: Path) -> None:
+    """Two tiers in one process opening one path with no pool yet, at once: one creates the
+    pool, the other is refused with a `DeviceError`; afterwards pools of that size open in this
+    process (both creators made and removed the one temporary, both failed, and PMDK refused
+    every later pool of that size in the process)."""
+    path = tmp_path / "new.pool"
+    first, second = make(path, fmt=False), make(path, fmt=False)
+    results = await asyncio.gather(first.open(), second.open(), return_exceptions=True)
+    opened = [tier for tier, result in zip((first, second), results, strict=True)
+              if not isinstance(result, BaseException)]
+    refused = [result for result in results if isinstance(result, BaseException)]
+    assert len(opened) == 1 and len(refused) == 1, results
+    assert isinstance(refused[0], DeviceError)
+    await opened[0].put(KEY, meta_of(len(DATA)), DATA)
+    await opened[0].close()
+    assert sorted(os.listdir(tmp_path)) == ["new.pool"]
+    for pool in (path, tmp_path / "other.pool"):  # the pool made, and a new one
+        tier = make(pool, fmt=False)
+        await tier.open()
+        try:
+            if pool == path:
+                got = await tier.get(KEY)
+                assert got is not None and bytes(got[1]) == DATA
+        finally:
+            await tier.close()

@@ -10,12 +10,15 @@ check cannot crash this one.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
 import logging
 import os
 import stat
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,10 +192,10 @@ def _recreate(path: Path, kind: layout.PoolFile, capacity: int) -> pmemobj.Pool:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             raise DeviceError(f"{path}: in use by another process") from exc
-        return _create_file(path, capacity)
+        return _create_file(path, capacity, replacing=True)
 
 
-def _create_file(path: Path, capacity: int) -> pmemobj.Pool:
+def _create_file(path: Path, capacity: int, *, replacing: bool = False) -> pmemobj.Pool:
     # Built under a temporary name and renamed into place once whole, so that a crash
     # during creation never leaves a half-made pool at the configured path (which a later
     # open would refuse as "not a pool"). A leftover temporary is our own: remove it. Where a
@@ -200,14 +203,52 @@ def _create_file(path: Path, capacity: int) -> pmemobj.Pool:
     # mount) for the link's directory, and the link was gone.
     path = Path(os.path.realpath(path))
     temporary = path.with_name(path.name + ".creating")
-    temporary.unlink(missing_ok=True)
-    pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME, layout.pool_size_for(capacity))
-    try:
-        _check_root(pool, path)
-    finally:
-        pool.close()
-    os.replace(temporary, path)
+    with _creating_in(path):
+        if not replacing and os.path.lexists(path):  # found absent: another open won
+            raise DeviceError(f"{path}: another open created a pool there meanwhile; open again")
+        temporary.unlink(missing_ok=True)
+        pool = pmemobj.create_pool(temporary, layout.LAYOUT_NAME,
+                                   layout.pool_size_for(capacity))
+        try:
+            _check_root(pool, path)
+        finally:
+            pool.close()
+        try:
+            os.replace(temporary, path)
+        except OSError as exc:
+            raise DeviceError(f"{path}: the new pool could not be put in place: {exc}") from exc
     return pmemobj.open_pool(path, layout.LAYOUT_NAME)
+
+
+#: seconds an open waits for another's creation of a pool in the same directory
+CREATE_WAIT = 30.0
+
+
+@contextlib.contextmanager
+def _creating_in(path: Path) -> Iterator[None]:
+    """One creator of a pool at a time in `path`'s directory (an flock on the directory, held
+    per open file description: two opens in one process exclude each other too), the others
+    waiting up to `CREATE_WAIT`. Two opens of a new pool at once both made and removed the one
+    temporary: both failed, and PMDK, its pool pulled from under it, refused every later pool
+    of that size in the process."""
+    try:
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise DeviceError(f"{path.parent}: cannot open the pool's directory: {exc}") from exc
+    try:
+        deadline = time.monotonic() + CREATE_WAIT
+        while True:  # on the tier's open thread: polled, so that a stuck creator is reported
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DeviceError(f"{path}: another process has been creating a pool in "
+                                      f"{path.parent} for {CREATE_WAIT:.0f}s") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _check_root(pool: pmemobj.Pool, path: Path) -> None:
