@@ -125,3 +125,44 @@ async def test_add_dependency_refuses_the_edge_that_would_lose_a_durable_child(
         assert await kv.get(b"child") == b"durable value"
         assert await kv.invalidate(TOO_LARGE[0]) == 0
         assert await kv.invalidate(FITTING[-1]) == 1
+
+
+def _largest_held(tier: Any) -> int:
+    """The largest payload `tier` says it can ever hold (with a header within its allowance)."""
+    low, high = 0, 64 * MiB
+    while low < high:
+        middle = (low + high + 1) // 2
+        if tier.can_ever_hold(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+@pytest.mark.parametrize(("kinds", "policy"), DURABLE)
+async def test_a_long_header_counts_in_the_size_that_decides_where_an_object_fits(
+        tmp_path: Path, kinds: tuple[str, ...], policy: str) -> None:
+    """An object just under a persistent tier's limit by its payload, over it with its long
+    key's header: taken as fitting, it was refused at every demotion and flush, for good
+    (each `flush()` and `close()` raised `TierFullError`), and a write-through overwrite of a
+    key lost the old value. Its header now counts: a write-through put is refused before
+    anything changes, a write-back one stays in the volatile tier (as an object too large)."""
+    long_key = "L" * 60_000
+    base = hierarchy_config(tmp_path, kinds, write_policy=policy,
+                            gpu={"capacity": 16 * MiB, "slot_size": MiB},
+                            nvme={"capacity": 8 * MiB, "region_size": MiB})
+    async with tierkv.open(base) as kv:
+        size = _largest_held(kv.tiers[1])
+        await kv.put("small", b"s" * 100)
+        await kv.put(long_key, b"old")
+        if policy == "write_through":
+            with pytest.raises(tierkv.TierFullError, match="header"):
+                await kv.put(long_key, bytes(size))
+            assert await kv.get(long_key) == b"old"
+        else:
+            await kv.put(long_key, bytes(size))
+            await kv.flush()
+            assert await kv.get(long_key) == bytes(size)
+    async with tierkv.open(base) as kv:
+        assert await kv.get("small") == b"s" * 100
+        assert await kv.get(long_key) == (b"old" if policy == "write_through" else None)

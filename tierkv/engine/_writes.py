@@ -28,7 +28,7 @@ from tierkv.errors import (
     TierKVError,
     TierUnavailableError,
 )
-from tierkv.formats.header import check_header
+from tierkv.formats.header import check_header, header_excess
 from tierkv.formats.value import ObjectMeta, Payload
 
 
@@ -51,7 +51,7 @@ class Writes:
         async with st.keys.hold(key) as claim:
             st.check_open()
             if self._write_through:
-                self._check_durable(meta.nbytes)
+                self._check_durable(key, meta)
             st.dag.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
             rewrites = old is not None or st.dag.has_children(key)
@@ -70,7 +70,7 @@ class Writes:
                 first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
                 if first is None:
                     self._check_breakers(entry.nbytes, 0, persistent=False)
-                    raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
+                    raise TierFullError(f"no tier can take an object of {_size(entry)}")
                 if not self._write_through:
                     await self._copies.store(entry, payload, first, claim)
                 else:
@@ -106,7 +106,7 @@ class Writes:
         put can be made durable, the parents close no cycle."""
         self._st.check_open()
         if self._write_through:
-            self._check_durable(meta.nbytes)
+            self._check_durable(key, meta)
         self._st.dag.check_parents(meta.parents, key)
 
     def _abandon(self, entry: IndexEntry, claim: Claim) -> None:
@@ -118,16 +118,21 @@ class Writes:
         for tier in entry.locations:
             claim.mark(tier)
 
-    def _check_durable(self, nbytes: int) -> None:
+    def _check_durable(self, key: bytes, meta: ObjectMeta) -> None:
         """`TierFullError` before anything changes when the hierarchy has persistent tiers and
-        none can ever hold `nbytes` (a pool too small, a log's region): a write-through put
-        acknowledged with the object in volatile memory only would be lost by a crash."""
+        none can ever hold the object (a pool too small, a log's region; its header counted):
+        a write-through put acknowledged with the object in volatile memory only would be lost
+        by a crash."""
         st = self._st
+        excess = header_excess(key, meta)
+        nbytes = meta.nbytes + excess
         persistent = [index for index, tier in enumerate(st.tiers) if tier.persistent]
         if persistent and not any(st.tiers[index].can_ever_hold(nbytes) for index in persistent):
             names = ", ".join(repr(st.names[index]) for index in persistent)
+            header = f" and a header {excess} bytes over the allowance for one" if excess else ""
             raise TierFullError(f"write_through: no persistent tier ({names}) can hold an "
-                                f"object of {nbytes} bytes, so none could make it durable")
+                                f"object of {meta.nbytes} bytes{header}, so none could make it "
+                                "durable")
 
     async def _drop_superseded(self, entry: IndexEntry, superseded: list[int], claim: Claim
                                ) -> None:
@@ -245,7 +250,7 @@ class Writes:
                     st.counters.drops += 1  # it left the cache
         await asyncio.gather(*(st.commits[tier].sync() for tier in stale))
         if not entry.detached:
-            entry.meta = meta
+            entry.set_meta(meta)
 
     async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
                        rewritten: set[int]) -> None:
@@ -271,7 +276,7 @@ class Writes:
                     claim.clear(tier)
                 await st.commits[tier].sync()
                 rewritten.add(tier)
-        entry.meta = meta
+        entry.set_meta(meta)
 
     async def delete(self, key: bytes, *, keep_shared: bool = False,
                      on_server: bool = False) -> bool:
@@ -342,3 +347,9 @@ def _carrying(st: EngineState, entry: IndexEntry) -> list[int]:
     the adopted child readable)."""
     return [tier for tier in entry.locations
             if st.tiers[tier].persistent or st.tiers[tier].shared]
+
+
+def _size(entry: IndexEntry) -> str:
+    """The object's size for a message: its payload, and its header's excess if any."""
+    excess = f" and a header {entry.excess} bytes over the allowance" if entry.excess else ""
+    return f"{entry.meta.nbytes} bytes{excess}"

@@ -37,6 +37,10 @@ WIDEST_CHECKSUM = len(msgpack.packb(2**64 - 1))
 MAX_BODY = 1 << 20
 MAX_KEY = MAX_KEY_SIZE
 MAX_PARENTS = 4096
+#: the header bytes the persistent tiers' size checks (`footprint`, `can_ever_hold`) count an
+#: object's header as, at most: the pmem tier's record allowance less its record prefix (the
+#: nvme log allows 256); a key of some 60 bytes with one parent of the same size fits in it
+SIZED_HEADER = 232
 #: the widest uint a header field holds (the generation and checksum are msgpack uints)
 _WIDEST_UINT = 2**64 - 1
 _FIELDS = 9
@@ -112,6 +116,21 @@ def encode_header_parts(key: bytes, meta: ObjectMeta, flags: int = 0) -> HeaderP
         # `header_length` refuses it before it is parsed: written, it would be freed as corrupt
         raise LimitExceededError("header body bytes", MAX_BODY, body)
     return parts
+
+
+def header_excess(key: bytes, meta: ObjectMeta) -> int:
+    """Bytes by which a header of `key` and `meta`, written with any generation and checksum,
+    exceeds `SIZED_HEADER`; 0 for most objects (measured by packing only past the cheap bound).
+    The engine counts them in the object's size (`IndexEntry.nbytes`): a tier sized an object
+    by its payload and `SIZED_HEADER`, took one with a long key or many parents just under its
+    limit, and refused it at the write, at every demotion and every flush, for good."""
+    if PREFIX.size + _body_bound(key, meta) <= SIZED_HEADER:
+        return 0
+    try:
+        parts = encode_header_parts(key, meta.with_generation(_WIDEST_UINT))
+    except (LimitExceededError, ValueError):  # refused before it is stored (`check_header`)
+        return 0
+    return max(0, parts.widest_size - SIZED_HEADER)
 
 
 def header_limit(key: bytes, meta: ObjectMeta) -> LimitExceededError | None:

@@ -47,7 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tierkv.errors import CorruptObjectError
-from tierkv.formats.header import ObjectHeader, checksum, decode_header, header_length
+from tierkv.formats.header import (
+    SIZED_HEADER,
+    ObjectHeader,
+    checksum,
+    decode_header,
+    header_length,
+)
 
 LAYOUT_NAME = "tierkv.pmem.v1"
 LAYOUT_VERSION = 1
@@ -76,8 +82,9 @@ UNIT_HEADROOM = 1 << 10
 #: payload sizes with a class of their own (above 64 KiB the grid's headroom costs under 1 %)
 SNUG_PAYLOADS = tuple(1 << shift for shift in range(12, 17))
 #: record bytes besides the payload that the tier assumes when it sizes an object before its
-#: header exists: the prefix and a typical object header (a 32-byte key with one parent: 133)
-HEADER_ALLOWANCE = 256
+#: header exists: the prefix and a typical object header (a 32-byte key with one parent: 133);
+#: the engine counts a larger header's excess in the object's size (`header_excess`)
+HEADER_ALLOWANCE = PREFIX_SIZE + SIZED_HEADER
 #: what a snug class leaves beside its payload: PMDK's allocation header and `HEADER_ALLOWANCE`,
 #: rounded to a cache line
 SNUG_HEADROOM = -(-(HEADER_ALLOWANCE + ALLOC_HEADER) // 64) * 64
