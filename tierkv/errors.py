@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tierkv.keys import Key
+
 
 class TierKVError(Exception):
     """Base class of every error tierkv raises on purpose."""
@@ -47,18 +52,43 @@ def _show(key: bytes) -> str:
 class DependencyCycleError(TierKVError, ValueError):
     """An edge ``parent -> child`` was refused: `parent` is `child`, or derives from it already.
 
-    `parent` and `child` are the keys of the refused edge.
+    `parent` and `child` are the keys of the refused edge as the caller names them (a
+    `BlockKey`, `bytes` or `str`; a model version as its ``"name@revision"`` form is not a key
+    and stays in its canonical bytes), `raw_parent` and `raw_child` their canonical bytes
+    (`tierkv.keys.encode_key`).
     """
 
     def __init__(self, parent: bytes, child: bytes) -> None:
+        shown_parent, shown_child = _public(parent), _public(child)
         if parent == child:
-            message = f"a key cannot derive from itself: {_show(child)}"
+            message = f"a key cannot derive from itself: {_show_key(shown_child)}"
         else:
-            message = (f"edge {_show(parent)} -> {_show(child)} would close a cycle: "
-                       f"{_show(parent)} already derives from {_show(child)}")
+            message = (f"edge {_show_key(shown_parent)} -> {_show_key(shown_child)} would close "
+                       f"a cycle: {_show_key(shown_parent)} already derives from "
+                       f"{_show_key(shown_child)}")
         super().__init__(message)
-        self.parent = parent
-        self.child = child
+        self.parent: Key = shown_parent
+        self.child: Key = shown_child
+        self.raw_parent = parent
+        self.raw_child = child
+
+
+def _public(raw: bytes) -> Key:
+    """The public key of a canonical byte form; the bytes themselves where they are none."""
+    from tierkv.keys import decode_key  # keys imports this module
+
+    try:
+        return decode_key(raw)
+    except TierKVError:
+        return raw
+
+
+def _show_key(key: Key) -> str:
+    if isinstance(key, bytes):
+        return _show(key)
+    if isinstance(key, str):
+        return repr(key[:32]) if len(key) <= 32 else f"{key[:32]!r}…({len(key)} characters)"
+    return f"BlockKey({key.digest.hex()}, context_length={key.context_length})"
 
 
 class LimitExceededError(TierKVError, ValueError):

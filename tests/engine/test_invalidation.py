@@ -182,8 +182,12 @@ async def test_a_cycle_is_refused_before_anything_changes(tmp_path: Path) -> Non
             await kv.put(b"a", b"A2", parents=[b"b"])
         with pytest.raises(DependencyCycleError):
             await kv.put(b"a", b"A2", parents=[b"a"])
-        with pytest.raises(DependencyCycleError):
+        with pytest.raises(DependencyCycleError) as caught:
             await kv.add_dependency(b"b", b"a")
+        # the keys as the caller named them (they were their canonical bytes: b"\x02b")
+        assert (caught.value.parent, caught.value.child) == (b"b", b"a")
+        assert caught.value.raw_parent == encode_key(b"b")
+        assert "b'b' already derives from b'a'" in str(caught.value)
         assert isinstance(DependencyCycleError(b"x", b"y"), tierkv.TierKVError)
         assert await kv.get(b"a") == b"A" and await kv.get(b"b") == b"B"
 
