@@ -78,6 +78,19 @@ async def test_add_dependency_beyond_the_header_is_refused_before_anything_chang
         assert await kv.invalidate(b"p4095") == 1
 
 
+async def test_add_dependency_to_a_key_not_stored_has_the_headers_bound() -> None:
+    """A key not stored takes at most as many parents as a header holds: beyond the record of
+    departed edges' own bound, every flush and close raised a `ValueError`."""
+    async with tierkv.open(l1_config(capacity="256KiB")) as kv:
+        for i in range(MAX_PARENTS):
+            await kv.add_dependency(b"p%d" % i, "absent")
+        with pytest.raises(LimitExceededError):
+            await kv.add_dependency(b"one-too-many", "absent")
+        await kv.add_dependency(b"p0", "absent")  # an edge it has: no change
+        assert kv.metrics().dag_edges == MAX_PARENTS
+        await kv.flush()
+
+
 @pytest.mark.pmem
 @pytest.mark.parametrize(("kinds", "policy"), DURABLE)
 async def test_what_fits_survives_a_reopen_and_what_was_refused_left_nothing(

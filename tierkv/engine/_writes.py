@@ -24,11 +24,12 @@ from tierkv.engine._state import EngineState, log
 from tierkv.errors import (
     CorruptObjectError,
     DeviceError,
+    LimitExceededError,
     TierFullError,
     TierKVError,
     TierUnavailableError,
 )
-from tierkv.formats.header import check_header, header_excess
+from tierkv.formats.header import MAX_PARENTS, check_header, header_excess
 from tierkv.formats.value import ObjectMeta, Payload
 
 
@@ -218,6 +219,11 @@ class Writes:
                 # as corrupt at the next open (or, held in a volatile tier only, fail every
                 # flush): the edge is refused instead
                 check_header(key, meta)
+            elif entry is None and parent not in (parents := st.dag.parents(key)) and len(
+                    parents) >= MAX_PARENTS:
+                # the bound a stored object's header has: beyond the record of departed
+                # edges' own (65,535), every flush and close raised a ValueError for good
+                raise LimitExceededError("parents", MAX_PARENTS, len(parents) + 1)
             st.dag.link(parent, key)
             if entry is None:
                 st.index.note_departed(key)  # an edge no header holds: recorded on media
