@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierkv.bench._fio import run_fio
+from tierkv.bench._fio import fio_runs, run_fio
 from tierkv.bench.common import Progress, Row, drive, memcpy_seconds, no_progress, percentile
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig
 from tierkv.engine import Engine, open
@@ -297,13 +297,15 @@ async def _sync_ceiling(directory: Path, size: int, nbytes: int,
     """What the device allows group commit: fio's rate of `size` O_DIRECT writes into a fresh
     file (as the log's are), with an fdatasync after every write and after every `TASKS`-th
     (eight puts sharing each flush, the most eight tasks can share), each the best so far.
-    None where fio is not installed. fio runs on a thread (`run_fio`: stopped with the bench),
-    so the loop keeps serving the progress display and signals meanwhile."""
+    None where fio is not installed. fio runs on a thread (`run_fio`, stopped with the bench:
+    `fio_runs`), so the loop keeps serving the progress display and signals meanwhile."""
     if shutil.which("fio") is None:
         return best
     rates = dict(best or {})
     for every in (1, TASKS):
-        with scratch(directory, ".fio") as path:
+        # fio_runs inside scratch: cut short, fio is stopped before its file is removed (the
+        # other way round, fio created the file again after the removal and it stayed behind)
+        with scratch(directory, ".fio") as path, fio_runs():
             out = await asyncio.to_thread(run_fio, [
                 "fio", "--name=sync-ceiling", f"--filename={path}", "--ioengine=psync",
                 "--direct=1", "--rw=write", f"--bs={size}", f"--size={nbytes}",
