@@ -47,8 +47,7 @@ async def open_tiers(state: EngineState) -> None:
         # before indexing: it settles two copies of a key by generation, and a tier that sat
         # a session out would win with older values (`_membership`)
         kept = await settle_membership(state, recovered)
-        for index, tier in enumerate(state.tiers):
-            state.counters.recovered[tier.name] += len(recovered[index])
+        for index in range(len(state.tiers)):
             await _adopt(state, index, recovered[index], dropped[index])
         listen_to_tiers(state)
         await record_membership(state, kept)
@@ -96,7 +95,9 @@ def _keep_all(_key: bytes) -> float:
 
 async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredObject],
                  dropped: set[bytes]) -> None:
-    """Index the objects `tier_index` recovered, but those it has `dropped` since."""
+    """Index the objects `tier_index` recovered, but those it has `dropped` since; each
+    indexed is counted (`recovered`: not the engine's own records, probes and older copies,
+    which an empty cache counted as recovered objects)."""
     index = state.index
     now = state.now()
     for obj in recovered:
@@ -125,6 +126,7 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
         if entry is None:
             entry = make_entry(obj.key, obj.meta)  # with the generation found on media
         index.add_copy(entry, tier_index, now)
+        state.counters.recovered[state.names[tier_index]] += 1
         index.adopt_generation(obj.meta.generation)
         try:  # the DAG comes back with the objects: each header names its parents
             state.dag.set_parents(obj.key, obj.meta.parents)
