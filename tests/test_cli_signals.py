@@ -220,3 +220,34 @@ def test_a_signal_while_fio_runs_leaves_no_scratch_file(tmp_path: Path) -> None:
             bench.wait()
     assert "Traceback" not in errors.read_text()
     assert list(workdir.iterdir()) == []
+
+
+def test_a_ctrl_c_while_the_recovery_bench_fills_ends_it_quietly(tmp_path: Path) -> None:
+    """A Ctrl-C (SIGINT to the process group, as a terminal sends it) while the recovery
+    bench's writer process fills the tiers: the writer got it too and died with a traceback,
+    the bench then failed with one of its own ("the writer stopped early", exit 1). The bench
+    ends as terminated (130), the writer with it, and prints no traceback."""
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "tierkv.cli", "bench", "--device", "recovery", "--quick",
+             "--workdir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        writers: list[int] = []
+        while not writers:
+            writers = [pid for name in ("python", "python3", "python3.11")
+                       for pid in _children_named(bench.pid, name)]
+            assert bench.poll() is None, errors.read_text()
+            assert time.monotonic() < deadline, "the bench never started its writer"
+            time.sleep(0.02)
+        time.sleep(0.5)  # the writer fills
+        os.killpg(bench.pid, signal.SIGINT)
+        assert bench.wait(timeout=60) == 130, errors.read_text()
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+    assert "Traceback" not in errors.read_text()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in writers)

@@ -114,6 +114,12 @@ def run(main: Coroutine[Any, Any, T], *, stop: asyncio.Event | None = None) -> T
         if _state.signum is None:
             raise
         raise Terminated(_state.signum) from None
+    except Exception:
+        # what the signal cut short may fail rather than end cancelled (a helper process the
+        # same Ctrl-C reached): the signal is the cause, and the user is told that, once
+        if _state.signum is None or stop is not None:
+            raise
+        raise Terminated(_state.signum) from None
     finally:
         _state.running, _state.task, _state.stop = False, None, None
     if _state.signum is not None and stop is None:  # the task took the cancellation in

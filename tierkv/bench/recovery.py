@@ -11,10 +11,11 @@ beside the bytes the media hold. `--quick`: a 64 MiB pool and a 1 GiB log.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -67,19 +68,26 @@ def _config(config: Config, pool: Path, log: Path, quick: bool) -> dict[str, Any
          "queue_depth": nvme.queue_depth, "direct": nvme.direct, "format": True}]}
 
 
-def _fill(config: dict[str, Any], count: int, mode: str) -> None:
-    """A fresh pool and log filled by a writer process that closes or is killed (`mode`)."""
+async def _fill(config: dict[str, Any], count: int, mode: str) -> None:
+    """A fresh pool and log filled by a writer process that closes or is killed (`mode`).
+    The writer is a session of its own, awaited without blocking the loop, and killed if the
+    bench is cut short: a Ctrl-C reached it too (its traceback, then "the writer stopped
+    early" and a traceback of the CLI's), and a SIGTERM to the CLI waited for the whole fill."""
     for tier in config["tiers"]:
-        Path(tier["path"]).unlink(missing_ok=True)
-    with subprocess.Popen([sys.executable, "-c", _WRITER, json.dumps(config), str(count), mode],
-                          stdout=subprocess.PIPE, text=True) as writer:
-        try:
-            assert writer.stdout is not None
-            line = writer.stdout.readline().strip()
-        finally:
-            if mode == "kill":
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tier["path"])
+    writer = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _WRITER, json.dumps(config), str(count), mode,
+        stdout=asyncio.subprocess.PIPE, start_new_session=True)
+    line = ""
+    try:
+        assert writer.stdout is not None
+        line = (await writer.stdout.readline()).decode().strip()
+    finally:
+        if mode == "kill" or not line:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(writer.pid, signal.SIGKILL)
-            writer.wait(600)
+        await asyncio.wait_for(writer.wait(), 600)
     expected = "CLOSED" if mode == "close" else "FLUSHED"
     if line != expected:
         raise RuntimeError(f"the recovery writer stopped early ({line!r})")
@@ -109,7 +117,7 @@ async def run_recovery_bench(config: Config, *, quick: bool = False,
         count = int(total * 0.97) // OBJECT
         for step, mode in enumerate(("close", "kill")):
             progress("recovery: fill", step, 2)
-            _fill(sized, count, mode)
+            await _fill(sized, count, mode)
             reopened = dict(sized, tiers=[dict(t, format=False) for t in sized["tiers"]])
             results[mode] = measured = await _reopen(reopened)
             rows.append(Row(f"recovery after {'a clean close' if mode == 'close' else 'kill -9'}"
