@@ -360,6 +360,16 @@ def test_bench_refuses_an_option_the_run_would_ignore(
     assert err.count("\n") == 1 and named in err
 
 
+def test_bench_refuses_a_size_no_tier_can_hold_before_any_case_runs(tmp_path: Path) -> None:
+    # the workload, the engine bench's last case, refused it after every case before it ran:
+    # minutes of figures lost
+    config = tmp_path / "devices.toml"
+    config.write_text(GPU_ONLY)
+    result = run_cli("bench", "--config", str(config), "--size", "1GiB")
+    assert_one_line(result, 2)
+    assert "--size" in result.stderr and "l1" in result.stderr
+
+
 def test_bench_sized_beyond_the_memory_is_one_line(tmp_path: Path) -> None:
     # the soak sized its hierarchy for values of up to a TiB: a MemoryError traceback
     result = run_capped("bench", "--faults", "", "--size", "1TiB", "--count", "4", "--quick",

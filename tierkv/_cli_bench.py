@@ -24,10 +24,7 @@ from tierkv._cli_signals import run
 from tierkv._units import parse_size
 from tierkv.bench._fio import fio_runs
 from tierkv.bench.common import Row
-from tierkv.config import (
-    Config,
-    GpuTierConfig,
-)
+from tierkv.config import Config, GpuTierConfig, NvmeTierConfig
 from tierkv.config.default import shm_or
 from tierkv.config.machine import media_identity
 from tierkv.errors import ConfigError, TierKVError
@@ -186,6 +183,18 @@ Job = Callable[[Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
 TraceJob = Callable[[Config, Bar], Coroutine[Any, Any, tuple[dict[str, Any], list[Row]]]]
 
 
+def _check_size(size: int, config: Config) -> None:
+    """`ConfigError` now if no configured tier could hold an object of `--size` bytes (at
+    most a gpu tier's or a pool's capacity, an nvme region): found at the workload, the last
+    case, it cost every case before it, and their figures were lost."""
+    largest = max((tier.region_size if isinstance(tier, NvmeTierConfig) else tier.capacity,
+                   tier.name) for tier in config.tiers)
+    if size > largest[0]:
+        raise ConfigError(f"--size: no tier of the config can hold an object of {size} bytes "
+                          f"(the largest any could is under {largest[0]}, in tier "
+                          f"{largest[1]!r})")
+
+
 def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None = None
                 ) -> list[tuple[str, Job]]:
     from tierkv.bench import engine as engine_bench
@@ -212,6 +221,8 @@ def _bench_jobs(args: argparse.Namespace, config: Config, trace: TraceJob | None
             config, rounds=256 if quick else 1024, progress=bar)))
     if args.device == "engine":
         from tierkv.bench import engine_core, spill_latency
+
+        _check_size(args.size, config)  # the workload's, which runs last
 
         for case in (engine_core.bandwidth, engine_core.sustained_spill,
                      engine_core.get_p99_under_migration, engine_core.write_through_group_commit,
