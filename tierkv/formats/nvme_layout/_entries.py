@@ -218,3 +218,40 @@ def scan_entries(data: bytes | bytearray, uuid: bytes, seq: int, alignment: int,
                                             prefix.flags == TOMBSTONE))
         offset += total
     return RegionEntries(used, tuple(entries), corrupt)
+
+
+@dataclass(frozen=True, slots=True)
+class UseKeys:
+    """What the records of a region whose header is lost still say (`keys_of_any_use`)."""
+
+    keys: frozenset[bytes]
+    newest_seq: int  # 0: no record of this log
+    lost: bool  # a record named a key that no longer reads
+
+
+def keys_of_any_use(data: bytes | bytearray, uuid: bytes, floor_seq: int, alignment: int,
+                    granularity: int) -> UseKeys:
+    """For a region whose header does not decode (a flipped bit, a zeroed block, a region of
+    another index written here): the keys named by the records in `data` of this log (`uuid`)
+    of any use from `floor_seq` on, whose prefix holds and whose object header decodes. Nothing
+    orders those uses against the rest of the log: the scan takes each key as tombstoned."""
+    keys: set[bytes] = set()
+    newest, lost = 0, False
+    view = memoryview(data)
+    offset = _next_candidate(data, alignment, granularity)
+    while offset + PREFIX.size <= len(data):
+        prefix = decode_prefix(data, offset, uuid)
+        if prefix is None or prefix.seq < floor_seq or prefix.flags not in _FLAGS:
+            offset = _next_candidate(data, offset + granularity, granularity)
+            continue
+        newest = max(newest, prefix.seq)
+        end = offset + PREFIX.size + prefix.body_len
+        if prefix.flags != PADDING:
+            try:
+                header, _len = decode_header(view[offset + PREFIX.size : min(end, len(data))])
+                keys.add(header.key)
+            except CorruptObjectError:
+                lost = True
+        step = entry_size(0, prefix.body_len, granularity) if end <= len(data) else granularity
+        offset = _next_candidate(data, offset + step, granularity)
+    return UseKeys(frozenset(keys), newest, lost)
