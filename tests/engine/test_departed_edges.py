@@ -275,3 +275,25 @@ async def test_an_engine_that_never_flushes_forgets_keys_whose_edges_went(
         assert (kv.metrics().dag_nodes, kv.metrics().dag_edges) == (0, 0)
     # a key kept per departure would add ~2,000 keys (~100 bytes each) a round
     assert held[3] < held[1] + 100_000, held
+
+
+async def test_a_departed_key_whose_last_child_names_other_parents_is_released(
+        tmp_path: Path) -> None:
+    """a -> b -> c, b deleted (its edges kept: c derives from it), then c put again naming
+    no parents: nothing derives from b any more, so b and a -> b go. They stayed for the
+    engine's life (a node and an edge per such put, recorded at every flush), and a later
+    `add_dependency(b, d)` made `invalidate(a)` remove d."""
+    async with tierkv.open(_config(tmp_path, ("gpu", "pmem"))) as kv:
+        baseline = kv.metrics()
+        await kv.put(b"a", b"A")
+        await kv.put(b"b", b"B", parents=[b"a"])
+        await kv.put(b"c", b"C", parents=[b"b"])
+        await kv.delete(b"b")
+        assert kv.metrics().dag_edges == baseline.dag_edges + 2  # kept for c
+        await kv.put(b"c", b"C2")
+        assert kv.metrics().dag_edges == baseline.dag_edges
+        assert kv.metrics().dag_nodes == baseline.dag_nodes
+        await kv.put(b"d", b"D")
+        await kv.add_dependency(b"b", b"d")
+        assert await kv.invalidate(b"a") == 1  # a alone: d does not derive from a
+        assert await kv.get(b"d") == b"D"

@@ -13,7 +13,7 @@ was replaced learns that its result is void.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -145,6 +145,10 @@ class Index:
         for tier in entry.locations:
             self._scheduler.removed(tier, key)
         return entry
+
+    def set_parents(self, key: bytes, parents: Iterable[bytes]) -> None:
+        """`Dag.set_parents` of a new value of `key`, releasing parents left with nothing."""
+        self._dag.set_parents(key, parents, self._in_use)
 
     def unlink(self, key: bytes) -> None:
         """`key` holds no object (it left, or its put failed): drop its edges from its parents

@@ -274,7 +274,7 @@ class Shared:
             st.read_bytes[index] += record.meta.nbytes
             return record.meta, record.payload
         try:
-            st.dag.set_parents(key, record.meta.parents)
+            st.index.set_parents(key, record.meta.parents)
         except DependencyCycleError:
             st.counters.dag_edges_refused += 1
             return None

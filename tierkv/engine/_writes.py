@@ -53,7 +53,7 @@ class Writes:
             st.check_open()
             if self._write_through:
                 self._check_durable(key, meta)
-            st.dag.set_parents(key, meta.parents)
+            st.index.set_parents(key, meta.parents)
             old = st.index.detach(key, replaced=True)
             rewrites = old is not None or st.dag.has_children(key)
             # write-through: the old value's persistent copies stay on media until the new one

@@ -213,10 +213,15 @@ class Dag:
             raise DependencyCycleError(closing, child)
         return new
 
-    def set_parents(self, key: bytes, parents: Iterable[bytes]) -> None:
+    def set_parents(self, key: bytes, parents: Iterable[bytes],
+                    held: Callable[[bytes], bool] | None = None) -> None:
         """Make `parents` exactly the parents of `key` (a new value of it derives from them):
         the new edges are checked first (`DependencyCycleError`, nothing changed), then the
-        edges from parents no longer named are dropped."""
+        edges from parents no longer named are dropped. With `held` (which keys hold an
+        object), a dropped parent that holds none and is left without children is released
+        up its chain (`unlink_parents`): kept, each such put left a node and an edge behind
+        for the engine's life, recorded at every flush, and an invalidation of its parents
+        still reached what was linked to it later."""
         wanted = set(parents)
         if wanted:
             self.link_all(wanted, key)
@@ -226,6 +231,8 @@ class Dag:
             for parent in tuple(_neighbours(self._parents, key)):
                 if parent not in wanted:
                     self._detach(parent, key)
+                    if held is not None and not held(parent):
+                        self.unlink_parents(parent, held)
 
     def cut(self, key: bytes) -> None:
         """Forget `key` as a node: drop its edges to its parents and to its children.
