@@ -153,3 +153,17 @@ async def _delete_copy(state: EngineState, tier: int, key: bytes) -> None:
                     state.names[tier], str(exc))
         if state.refused_delete is not None:
             state.refused_delete(key, tier)
+
+
+def cut_off_by_damage(state: EngineState) -> list[bytes]:
+    """Keys a tier found damaged at open (`Tier.damaged_at_open`), of which no intact copy was
+    indexed, that something recovered derives from while nothing says what they derive from
+    (their header was where their parents were written): what derives from them must go, as
+    an invalidation of their ancestors would no longer reach it (a -> b -> c, b's record
+    damaged: c survived a new value of a, also after every later restart)."""
+    dag, index = state.dag, state.index
+    damaged: set[bytes] = set()
+    for tier in state.tiers:
+        damaged |= tier.damaged_at_open()
+    return sorted(key for key in damaged if key not in index and dag.has_children(key)
+                  and not dag.has_parents(key) and not is_engine_key(key))

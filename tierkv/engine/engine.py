@@ -46,10 +46,10 @@ from tierkv.engine._pins import PinContext, Pins
 from tierkv.engine._profiles import measure_profiles
 from tierkv.engine._read_calls import ReadCalls
 from tierkv.engine._reads import Reads
-from tierkv.engine._recovery import open_tiers
+from tierkv.engine._recovery import cut_off_by_damage, open_tiers
 from tierkv.engine._shared import Shared
 from tierkv.engine._slo import slo_seconds
-from tierkv.engine._state import EngineState
+from tierkv.engine._state import EngineState, log
 from tierkv.engine._tombstones import Tombstones
 from tierkv.engine._tracing import DELETE, FLUSH, INVALIDATE, INVALIDATE_MODEL, PUT, PUT_MANY
 from tierkv.engine._writes import Writes
@@ -114,6 +114,10 @@ class Engine(ReadCalls, ObserveCalls):
             self._closed = False
             self._executor.start()
             self._background.start()
+            for key in cut_off_by_damage(st):
+                removed = await self._invalidations.descendants(key, local=True, barrier=False)
+                log.warning("recovery: %d objects derive from a damaged object whose parents "
+                            "are unknown: removed", removed)
             await self._shared.start(self._invalidations.forget)
         except BaseException:
             # an open cut short once the tiers were open (cancelled, or the shared tier failing
