@@ -39,7 +39,7 @@ Edges = dict[bytes, tuple[bytes, ...]]
 
 
 class DepartedEdges:
-    __slots__ = ("_leaving", "_one", "_recorded", "_st")
+    __slots__ = ("_leaving", "_one", "_recorded", "_st", "lost_at_open")
 
     def __init__(self, state: EngineState) -> None:
         self._st = state
@@ -48,6 +48,8 @@ class DepartedEdges:
         #: keys whose last copy is about to go (`leaving`): recorded while still stored
         self._leaving: set[bytes] = set()
         self._one = GroupCommit(self._write)
+        #: whether the open found the record on media with no copy readable (`recover`)
+        self.lost_at_open = False
 
     def current(self) -> Edges:
         """The edges into keys that hold no object now, or are about to hold none."""
@@ -106,10 +108,15 @@ class DepartedEdges:
         something still derives from the key."""
         st = self._st
         found: dict[bytes, set[bytes]] = {}
-        for edges in await read_records(
-                st, DEPARTED_EDGES_KEY, decode_departed_edges,
-                "the record of edges into departed keys is unreadable (invalidations may not "
-                "reach through keys that left)"):
+        records = await read_records(
+            st, DEPARTED_EDGES_KEY, decode_departed_edges,
+            "the record of edges into departed keys is unreadable (what derives from keys "
+            "that left is dropped)")
+        # every copy damaged: `cut_off_by_damage` drops what derives from keys that left
+        self.lost_at_open = not records and (
+            bool(st.own.get(DEPARTED_EDGES_KEY))
+            or any(DEPARTED_EDGES_KEY in tier.damaged_at_open() for tier in st.tiers))
+        for edges in records:
             for key, listed in edges.items():  # two copies of differing age: both hold
                 found.setdefault(key, set()).update(listed)
         self._recorded = {key: tuple(sorted(parents)) for key, parents in found.items()}

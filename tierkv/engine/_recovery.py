@@ -155,15 +155,17 @@ async def _delete_copy(state: EngineState, tier: int, key: bytes) -> None:
             state.refused_delete(key, tier)
 
 
-def cut_off_by_damage(state: EngineState) -> list[bytes]:
-    """Keys a tier found damaged at open (`Tier.damaged_at_open`), of which no intact copy was
-    indexed, that something recovered derives from while nothing says what they derive from
-    (their header was where their parents were written): what derives from them must go, as
-    an invalidation of their ancestors would no longer reach it (a -> b -> c, b's record
+def cut_off_by_damage(state: EngineState, departed_lost: bool) -> list[bytes]:
+    """Keys that something recovered derives from while nothing says what they derive from,
+    because damage took what did: a tier found their record damaged at open
+    (`Tier.damaged_at_open`) and no intact copy was indexed (their header was where their
+    parents were written), or, `departed_lost`, the record of edges into keys that left is
+    unreadable (then every key that holds no object and has children). What derives from them
+    must go: an invalidation of their ancestors no longer reaches it (a -> b -> c, b's record
     damaged: c survived a new value of a, also after every later restart)."""
     dag, index = state.dag, state.index
-    damaged: set[bytes] = set()
+    suspects: set[bytes] = set(dag) if departed_lost else set()
     for tier in state.tiers:
-        damaged |= tier.damaged_at_open()
-    return sorted(key for key in damaged if key not in index and dag.has_children(key)
+        suspects |= tier.damaged_at_open()
+    return sorted(key for key in suspects if key not in index and dag.has_children(key)
                   and not dag.has_parents(key) and not is_engine_key(key))

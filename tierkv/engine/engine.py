@@ -114,7 +114,7 @@ class Engine(ReadCalls, ObserveCalls):
             self._closed = False
             self._executor.start()
             self._background.start()
-            for key in cut_off_by_damage(st):
+            for key in cut_off_by_damage(st, self._departed.lost_at_open):
                 removed = await self._invalidations.descendants(key, local=True, barrier=False)
                 log.warning("recovery: %d objects derive from a damaged object whose parents "
                             "are unknown: removed", removed)
