@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -373,6 +374,32 @@ def test_serve_metrics_answers_a_scrape_and_stops_on_sigterm(
             urllib.request.urlopen(url.removesuffix("/metrics") + wrong, timeout=30)
         assert answer.value.code == 404 and b"/metrics" in answer.value.read()
     assert "tierkv_objects" in scrape(url + "?name[]=tierkv_objects")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert "Traceback" not in (process.stderr.read() if process.stderr else "")
+
+
+def test_serve_metrics_bounds_and_closes_idle_connections(
+        served: tuple[subprocess.Popen[str], str]) -> None:
+    """Connections that send nothing: each held a thread and a descriptor for good, and with
+    the process out of descriptors its accept loop spun a core and no scrape was answered.
+    The server takes at most 64 at once (closing the rest at once), closes a connection
+    silent for 10 s, and prints no traceback for either."""
+    process, url = served
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    threads_before = len(os.listdir(f"/proc/{process.pid}/task"))
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(100)]
+    try:
+        time.sleep(1.0)
+        assert len(os.listdir(f"/proc/{process.pid}/task")) <= threads_before + 64 + 2
+        for connection in idle:
+            connection.settimeout(15)
+        closed = sum(connection.recv(1) == b"" for connection in idle)  # all, in time
+        assert closed == 100
+    finally:
+        for connection in idle:
+            connection.close()
+    assert "tierkv_objects" in scrape(url)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
     assert "Traceback" not in (process.stderr.read() if process.stderr else "")
