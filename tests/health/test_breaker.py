@@ -149,6 +149,31 @@ def test_open_rejects_until_the_cooldown_is_over() -> None:
     assert probe is not None and probe.probe
 
 
+def test_a_call_made_anyway_is_not_counted_as_refused() -> None:
+    """A delete or a flush asks for a permit and is made without one too: the open breaker
+    refused nothing, and `rejected` counted them (86 of 111 rejections in one run)."""
+    breaker, _ = small()
+    opened = open_at(breaker)
+    assert breaker.allow(opened + 1, made_anyway=True) is None
+    assert breaker.snapshot(opened + 1).rejected == 0
+    assert breaker.allow(opened + 1) is None
+    assert breaker.snapshot(opened + 1).rejected == 1
+
+
+def test_a_call_cut_off_as_slow_counts_as_slow_and_failed() -> None:
+    """A call its caller cut off at `slow_operation` is reported as a failure: it counted in
+    `failures` only, and `slow` stayed 0 however slow the tier was."""
+    breaker, _ = small()
+    permit = breaker.allow(0.0, bounded=True)
+    assert permit is not None
+    breaker.failure(permit, 0.8, slow=True)
+    other = breaker.allow(1.0)
+    assert other is not None
+    breaker.failure(other, 1.25)  # an error: failed, not slow
+    snapshot = breaker.snapshot(1.25)
+    assert (snapshot.failures, snapshot.slow) == (2, 1)
+
+
 def test_half_open_admits_max_probes_at_once() -> None:
     for max_probes in (1, 2):
         breaker, _ = small(max_probes=max_probes)

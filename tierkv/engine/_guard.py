@@ -107,7 +107,7 @@ class Guard:
         (the caller records a delete that failed or was cut off: `_tombstones`)."""
         if self._direct:
             return await call(*args, **kwargs)
-        return await self._cut_off(self._allow(), "a delete",
+        return await self._cut_off(self._allow(made_anyway=True), "a delete",
                                    "it is retried", call, *args, **kwargs)
 
     async def insist(self, call: Callable[P, Awaitable[T]], *args: P.args,
@@ -116,14 +116,14 @@ class Guard:
         whatever the breaker says, cut off at `slow_operation` like a write. The breaker routes
         foreground calls away from a failing device; a flush has nowhere else to go, and one
         that passed over a healed device still in its cool-down returned with nothing durable."""
-        return await self._cut_off(self._allow(), "a write",
+        return await self._cut_off(self._allow(made_anyway=True), "a write",
                                    "the flush fails", call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
         """A call that must be made whatever the breaker says, and waited for (a flush); its
         outcome is recorded when the breaker admits a call now (it is not a probe otherwise)."""
-        permit = self.breaker.allow(self._clock())
+        permit = self.breaker.allow(self._clock(), made_anyway=True)
         try:
             result = await call(*args, **kwargs)
         except BaseException as exc:
@@ -143,7 +143,7 @@ class Guard:
                 result = await call(*args, **kwargs)
         except TimeoutError:
             if permit is not None:
-                breaker.failure(permit, self._clock())
+                breaker.failure(permit, self._clock(), slow=True)
             raise DeviceError(f"tier {self.name!r} did not answer {what} within "
                               f"{self._cut_offs.seconds:g}s; {then}") from None
         except BaseException as exc:
@@ -156,10 +156,11 @@ class Guard:
             breaker.success(permit, self._clock(), slow=False)
         return result
 
-    def _allow(self) -> Permit | None:
+    def _allow(self, *, made_anyway: bool = False) -> Permit | None:
         """The breaker's permit for a call `_cut_off` makes: one it cuts off and reports itself,
-        so the breaker's clock does not expire it (a stall of the loop is given back)."""
-        return self.breaker.allow(self._clock(), bounded=True)
+        so the breaker's clock does not expire it (a stall of the loop is given back).
+        `made_anyway`: made without a permit too (`Breaker.allow`)."""
+        return self.breaker.allow(self._clock(), bounded=True, made_anyway=made_anyway)
 
     def _admit(self) -> Permit:
         permit = self._allow()

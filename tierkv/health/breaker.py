@@ -186,8 +186,7 @@ class CircuitBreaker:
         self._latest = -math.inf
         self._opened_at: float | None = None
         self._window: deque[_Bucket] = deque()
-        self._window_calls = 0
-        self._window_failures = 0
+        self._window_calls = self._window_failures = 0
         self._probes: set[Permit] = set()
         self._successes = 0  # consecutive successful probes
         self._opened = self._closed = self._half_opened = 0
@@ -204,10 +203,12 @@ class CircuitBreaker:
                    buckets=buckets, name=name, on_change=on_change)
 
     # -- the caller's side ------------------------------------------------------------------
-    def allow(self, now: float, *, bounded: bool = False) -> Permit | None:
+    def allow(self, now: float, *, bounded: bool = False,
+              made_anyway: bool = False) -> Permit | None:
         """A permit for one call starting now, or None: skip the tier (counted in `rejected`).
         `bounded`: the caller cuts the call off and reports it itself, so a probe of it is not
-        expired by this breaker's clock (the module docstring)."""
+        expired by this breaker's clock (the module docstring). `made_anyway`: made without a
+        permit too (a delete, a flush): a None refuses nothing, and is not counted."""
         now = self._clock(now)
         if self._state is BreakerState.CLOSED:  # time changes nothing in a closed breaker
             return Permit(self, self._generation, now, now + self.slow_operation, False,
@@ -218,7 +219,7 @@ class CircuitBreaker:
             permit = Permit(self, self._generation, now, deadline, probe=True, bounded=bounded)
             self._probes.add(permit)
             return permit
-        self._rejected += 1
+        self._rejected += not made_anyway
         return None
 
     def success(self, permit: Permit, now: float, *, slow: bool | None = None) -> bool:
@@ -231,9 +232,10 @@ class CircuitBreaker:
         """
         return self._report(permit, now, failed=False, slow=slow)
 
-    def failure(self, permit: Permit, now: float) -> bool:
-        """The call of `permit` failed now (or the caller gave up waiting); as `success`."""
-        return self._report(permit, now, failed=True)
+    def failure(self, permit: Permit, now: float, *, slow: bool = False) -> bool:
+        """The call of `permit` failed now (or the caller gave up waiting); as `success`; `slow`:
+        it was cut off at `slow_operation` (counted in `slow` too)."""
+        return self._report(permit, now, failed=True, slow=slow)
 
     def cancel(self, permit: Permit) -> bool:
         """The call of `permit` ended without a verdict on the device (the request itself was
@@ -296,9 +298,8 @@ class CircuitBreaker:
             self._advance(now)
             return False
         # judged before `_advance` so that its own lateness is measured, not presumed
-        if slow is None:
-            slow = now - permit._issued > self.slow_operation
-        slow = slow and not failed
+        if slow is None:  # a failure is slow only where its caller says so (a cut-off)
+            slow = not failed and now - permit._issued > self.slow_operation
         self._count(failed or slow, slow)
         if permit._probe:
             self._judge_probe(now, failed or slow)
