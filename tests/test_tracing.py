@@ -6,6 +6,8 @@ bytes in any attribute; nothing traced without an SDK. The SDK's provider is pas
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -149,6 +151,26 @@ async def test_a_failed_call_is_an_error_span(
     [put] = named(exporter, "tierkv.put")
     assert put.status.status_code is StatusCode.ERROR
     assert [event.name for event in put.events] == ["exception"]
+
+
+async def test_a_cancelled_call_says_so_on_its_span(
+        tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    """A call its caller cancelled ended its span with nothing to tell it from one that
+    returned (OpenTelemetry records an `Exception` only)."""
+    async with tierkv.open(hierarchy(tmp_path, "nvme"), tracer_provider=provider) as kv:
+        for i in range(8):
+            await kv.put(f"k{i}", os.urandom(4 * KiB))
+        flush = asyncio.create_task(kv.flush())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # into the log's writes
+        assert not flush.done()
+        flush.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await flush
+    cancelled = [span for span in named(exporter, "tierkv.flush")
+                 if span.attributes and span.attributes.get("tierkv.cancelled")]
+    assert len(cancelled) == 1
+    assert cancelled[0].status.status_code is StatusCode.UNSET
 
 
 async def test_without_an_sdk_calls_run_in_no_span() -> None:

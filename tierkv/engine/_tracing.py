@@ -25,11 +25,13 @@ get, or took a put), ``tierkv.bytes`` (payload bytes), ``tierkv.keys`` and ``tie
 get_many), ``tierkv.removed`` (invalidations), ``tierkv.deleted``; on moves ``tierkv.source``,
 ``tierkv.target`` (tier names), ``tierkv.background`` and ``tierkv.moved`` (False: the plan
 was discarded, the object having changed or been busy). An exception leaving a call or a move is
-recorded on its span, which is then marked as an error.
+recorded on its span, which is then marked as an error; a call cancelled (its caller gave up)
+carries ``tierkv.cancelled`` (true), its status left unset: the engine did not fail.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Iterator
@@ -99,6 +101,11 @@ class Tracing:
             token = _CALL.set(span)
             try:
                 yield span
+            except asyncio.CancelledError:
+                # OpenTelemetry records an `Exception` only: a cancelled call's span ended
+                # with nothing to tell it from one that returned
+                span.set_attribute("tierkv.cancelled", True)
+                raise
             finally:
                 _CALL.reset(token)
 
