@@ -373,7 +373,9 @@ class Engine(ReadCalls, ObserveCalls):
         """``async with kv.pin(key) as handle``: `handle.value` is the L1-resident tensor itself.
 
         The object is brought into the first (gpu) tier if needed and is neither evicted nor moved
-        while any handle holds it. Raises `ObjectNotFound` if the key is not stored.
+        while any handle holds it. Raises `ObjectNotFound` if the key is not stored, and
+        `TierFullError` if the first tier has no room for it (larger than the tier, or full of
+        pinned objects).
         """
         self._check_open()
         return PinContext(self._pins, key, self._call)
