@@ -82,19 +82,24 @@ async def served(tier: NvmeTier, i: int) -> bytes | None:
     return None if got is None else payload_bytes(got[1])
 
 
-async def superseding_log(directory: Path, regions: int) -> tuple[NvmeTier, set[int], set[int]]:
-    """Fill `regions - 2` regions with keys 0.., then delete some of the first region's keys
-    and overwrite others in the newest region, and flush. Returns the open tier, the deleted
-    keys and the overwritten ones."""
+async def superseding_log(directory: Path, regions: int, filled: int | None = None,
+                          after: int = 0) -> tuple[NvmeTier, set[int], set[int]]:
+    """Fill `filled` regions (`regions - 2` by default) with keys 0.., then delete some of the
+    first region's keys and overwrite others in the newest region, put `after` regions of
+    further keys, and flush. Returns the open tier, the deleted keys and the overwritten
+    ones."""
+    filled = regions - 2 if filled is None else filled
     tier = NvmeTier(nvme_config(directory, regions=regions, reinsert_hits=0))
     await tier.open()
-    for i in range(PER_REGION * (regions - 2)):
+    for i in range(PER_REGION * filled):
         await put(tier, i, old_value(i))
     deleted, overwritten = set(range(0, 40, 2)), set(range(1, 40, 2))
     for i in sorted(deleted):
         assert await tier.delete(key(i))
     for i in sorted(overwritten):
         await put(tier, i, NEW)
+    for i in range(PER_REGION * filled, PER_REGION * (filled + after)):
+        await put(tier, i, old_value(i))
     await tier.flush()
     return tier, deleted, overwritten
 
@@ -289,18 +294,9 @@ async def test_a_damaged_header_of_an_older_region_brings_back_nothing_it_supers
     for damage in ("zero", "flip"):
         directory = tmp_path / damage
         directory.mkdir()
-        tier = NvmeTier(nvme_config(directory, regions=10, reinsert_hits=0))
-        await tier.open()
-        for i in range(PER_REGION * 4):
-            await put(tier, i, old_value(i))
-        deleted, overwritten = set(range(0, 40, 2)), set(range(1, 40, 2))
-        for i in sorted(deleted):
-            assert await tier.delete(key(i))
-        for i in sorted(overwritten):
-            await put(tier, i, NEW)
-        for i in range(PER_REGION * 4, PER_REGION * 6):  # regions after the superseding one
-            await put(tier, i, old_value(i))
-        await tier.flush()
+        # regions of further keys after the superseding one: it is not the newest
+        tier, deleted, overwritten = await superseding_log(directory, regions=10, filled=4,
+                                                           after=2)
         image = crash_image(directory)
         await tier.close()
         records = walk_records(image.read_bytes())
