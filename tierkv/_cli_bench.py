@@ -389,7 +389,7 @@ def _print_rows(rows: list[Row]) -> None:
     for column in ("case", "measured", "baseline", "ratio", "goal", "met"):
         table.add_column(column, justify="left" if column == "case" else "right")
     for row in rows:
-        baseline = f"{row.baseline:,.1f} ({row.baseline_name})" if row.baseline else ""
+        baseline = f"{row.baseline:,.1f} ({row.baseline_name})" if row.baseline is not None else ""
         ratio = f"{row.ratio:.2f}" if row.ratio is not None else ""
         goal = []
         if row.target is not None:
