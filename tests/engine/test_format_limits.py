@@ -153,29 +153,34 @@ def _largest_held(tier: Any) -> int:
 
 
 @pytest.mark.parametrize(("kinds", "policy"), DURABLE)
-async def test_a_long_header_counts_in_the_size_that_decides_where_an_object_fits(
+async def test_a_long_header_an_object_would_not_fit_with_is_refused_up_front(
         tmp_path: Path, kinds: tuple[str, ...], policy: str) -> None:
     """An object just under a persistent tier's limit by its payload, over it with its long
     key's header: taken as fitting, it was refused at every demotion and flush, for good
     (each `flush()` and `close()` raised `TierFullError`), and a write-through overwrite of a
-    key lost the old value. Its header now counts: a write-through put is refused before
-    anything changes, a write-back one stays in the volatile tier (as an object too large)."""
+    key lost the old value. It is refused before anything changes; a long key on a smaller
+    payload is stored; the gpu tier, which keeps no header, takes what its slots hold whatever
+    the key."""
     long_key = "L" * 60_000
     base = hierarchy_config(tmp_path, kinds, write_policy=policy,
                             gpu={"capacity": 16 * MiB, "slot_size": MiB},
                             nvme={"capacity": 8 * MiB, "region_size": MiB})
     async with tierkv.open(base) as kv:
         size = _largest_held(kv.tiers[1])
-        await kv.put("small", b"s" * 100)
         await kv.put(long_key, b"old")
-        if policy == "write_through":
-            with pytest.raises(tierkv.TierFullError, match="header"):
-                await kv.put(long_key, bytes(size))
-            assert await kv.get(long_key) == b"old"
-        else:
+        with pytest.raises(tierkv.TierFullError, match="header"):
             await kv.put(long_key, bytes(size))
-            await kv.flush()
-            assert await kv.get(long_key) == bytes(size)
+        with pytest.raises(tierkv.TierFullError, match="header"):
+            await kv.put_many([("other", b"x"), (long_key, bytes(size))])
+        assert await kv.get(long_key) == b"old"
+        assert not await kv.contains("other")  # put_many checks every item first
+        await kv.put(long_key + "-small", bytes(size // 2))
+        await kv.flush()
     async with tierkv.open(base) as kv:
-        assert await kv.get("small") == b"s" * 100
-        assert await kv.get(long_key) == (b"old" if policy == "write_through" else None)
+        assert await kv.get(long_key) == b"old"
+        assert await kv.get(long_key + "-small") == bytes(size // 2)
+    gpu_only = {"tiers": [{"name": "gpu", "kind": "gpu", "device": "cpu",
+                           "capacity": 64 * 1024, "slot_size": 4096}]}
+    async with tierkv.open(gpu_only) as kv:
+        await kv.put("G" * 2000, bytes(64 * 1024))  # the whole tier, by its payload
+        assert kv.metrics().objects == 1

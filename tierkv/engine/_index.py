@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from tierkv._untracked import untrack
 from tierkv.engine.dag import Dag
-from tierkv.formats.header import header_excess
 from tierkv.formats.value import ObjectMeta
 from tierkv.keys import is_block_key
 from tierkv.scheduler import Scheduler
@@ -41,8 +40,6 @@ class IndexEntry:
     moving: bool = False
     published: bool = False
     detached: bool = False
-    #: header bytes beyond the tiers' allowance (`nbytes`)
-    excess: int = 0
 
     def __post_init__(self) -> None:
         # atoms, a meta and a list of ints: no cycle can pass through them (`tierkv._untracked`)
@@ -55,19 +52,7 @@ class IndexEntry:
 
     @property
     def nbytes(self) -> int:
-        """The size the tiers and the scheduler count the object as: its payload, and what
-        its header takes beyond the tiers' allowance for one (`header_excess`: 0 for most)."""
-        return self.meta.nbytes + self.excess
-
-    def set_meta(self, meta: ObjectMeta) -> None:
-        """A new header for the same object (`add_dependency`): its excess follows."""
-        self.meta = meta
-        self.excess = header_excess(self.key, meta)
-
-
-def make_entry(key: bytes, meta: ObjectMeta) -> IndexEntry:
-    """An entry of `key` and `meta`, its header's excess measured."""
-    return IndexEntry(key, meta, excess=header_excess(key, meta))
+        return self.meta.nbytes
 
 
 class Index:
@@ -120,7 +105,7 @@ class Index:
     def new_entry(self, key: bytes, meta: ObjectMeta) -> IndexEntry:
         """An unpublished entry for a new value of `key`, with the next generation."""
         self._generation += 1
-        return make_entry(key, meta.with_generation(self._generation))
+        return IndexEntry(key, meta.with_generation(self._generation))
 
     @property
     def issued(self) -> int:

@@ -3,11 +3,11 @@ is stored."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeVar, cast
 
 from tierkv.formats.header import check_header
-from tierkv.formats.value import Value, value_meta
+from tierkv.formats.value import ObjectMeta, Value, value_meta
 from tierkv.keys import BlockKey, Key, encode_key, key_list, version_key
 
 KeyT = TypeVar("KeyT", bound=Key)
@@ -23,7 +23,8 @@ def put_parents(key: Key, parents: Iterable[Key]) -> tuple[bytes, ...]:
     return tuple(derived)
 
 
-def checked_puts(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
+def checked_puts(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]],
+                 fits: Callable[[bytes, ObjectMeta], None] = lambda _key, _meta: None
                  ) -> list[tuple[KeyT, ValueT, tuple[Key, ...]]]:
     """`put_many`'s puts: each item with the parent it is linked to (`Engine.put_many`), a
     `BlockKey` equal to one before it in the call left out, every key, value and header
@@ -46,7 +47,9 @@ def checked_puts(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
                 parent = blocks.get((key.parent_digest, key.rope_theta))
             blocks[key.digest, key.rope_theta] = key
         parents: tuple[Key, ...] = () if parent is None else (parent,)
-        check_header(raw, value_meta(value, parents=put_parents(key, parents)))
+        meta = value_meta(value, parents=put_parents(key, parents))
+        check_header(raw, meta)
+        fits(raw, meta)  # the engine's: a header the persistent tiers have room for
         puts.append((key, value, parents))
     return puts
 

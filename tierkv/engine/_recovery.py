@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from tierkv.engine._index import make_entry
+from tierkv.engine._index import IndexEntry
 from tierkv.engine._membership import record_membership, settle_membership
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
@@ -124,7 +124,7 @@ async def _adopt(state: EngineState, tier_index: int, recovered: list[RecoveredO
         if obj.key in dropped:  # while an older copy was deleted (a write: a reclaim)
             continue
         if entry is None:
-            entry = make_entry(obj.key, obj.meta)  # with the generation found on media
+            entry = IndexEntry(obj.key, obj.meta)  # with the generation found on media
         index.add_copy(entry, tier_index, now)
         state.counters.recovered[state.names[tier_index]] += 1
         index.adopt_generation(obj.meta.generation)

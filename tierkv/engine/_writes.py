@@ -51,6 +51,7 @@ class Writes:
         st = self._st
         async with st.keys.hold(key) as claim:
             st.check_open()
+            self.check_header_room(key, meta)
             if self._write_through:
                 self._check_durable(key, meta)
             st.index.set_parents(key, meta.parents)
@@ -71,7 +72,7 @@ class Writes:
                 first = st.scheduler.write_tier(entry.nbytes, key, st.now(), latency_slo)
                 if first is None:
                     self._check_breakers(entry.nbytes, 0, persistent=False)
-                    raise TierFullError(f"no tier can take an object of {_size(entry)}")
+                    raise TierFullError(f"no tier can take an object of {entry.nbytes} bytes")
                 if not self._write_through:
                     await self._copies.store(entry, payload, first, claim)
                 else:
@@ -106,6 +107,7 @@ class Writes:
         (`Invalidations.before_overwrite`) removes anything: the engine is open, a write-through
         put can be made durable, the parents close no cycle."""
         self._st.check_open()
+        self.check_header_room(key, meta)
         if self._write_through:
             self._check_durable(key, meta)
         self._st.dag.check_parents(meta.parents, key)
@@ -118,6 +120,22 @@ class Writes:
             self._st.index.detach(entry.key)
         for tier in entry.locations:
             claim.mark(tier)
+
+    def check_header_room(self, key: bytes, meta: ObjectMeta) -> None:
+        """`TierFullError` before anything changes when a persistent tier would take the object
+        by its payload (`can_ever_hold`, which counts a header of `SIZED_HEADER` bytes) but not
+        with its real header (a long key, many parents): it was placed there, and its write
+        refused at every demotion and flush, for good (each `flush()` and `close()` raised)."""
+        excess = header_excess(key, meta)
+        if not excess:
+            return
+        for index, tier in enumerate(self._st.tiers):
+            if (tier.persistent and not tier.shared and tier.can_ever_hold(meta.nbytes)
+                    and not tier.can_ever_hold(meta.nbytes + excess)):
+                raise TierFullError(
+                    f"tier {self._st.names[index]!r} holds an object of {meta.nbytes} bytes "
+                    f"only with a shorter header: this one's key and parents take {excess} "
+                    "bytes more than it allows for; shorten the key or store less")
 
     def _check_durable(self, key: bytes, meta: ObjectMeta) -> None:
         """`TierFullError` before anything changes when the hierarchy has persistent tiers and
@@ -219,6 +237,7 @@ class Writes:
                 # as corrupt at the next open (or, held in a volatile tier only, fail every
                 # flush): the edge is refused instead
                 check_header(key, meta)
+                self.check_header_room(key, meta)
             elif entry is None and parent not in (parents := st.dag.parents(key)) and len(
                     parents) >= MAX_PARENTS:
                 # the bound a stored object's header has: beyond the record of departed
@@ -256,7 +275,7 @@ class Writes:
                     st.counters.drops += 1  # it left the cache
         await asyncio.gather(*(st.commits[tier].sync() for tier in stale))
         if not entry.detached:
-            entry.set_meta(meta)
+            entry.meta = meta
 
     async def _rewrite(self, entry: IndexEntry, meta: ObjectMeta, claim: Claim,
                        rewritten: set[int]) -> None:
@@ -282,7 +301,7 @@ class Writes:
                     claim.clear(tier)
                 await st.commits[tier].sync()
                 rewritten.add(tier)
-        entry.set_meta(meta)
+        entry.meta = meta
 
     async def delete(self, key: bytes, *, keep_shared: bool = False,
                      on_server: bool = False) -> bool:
@@ -354,8 +373,3 @@ def _carrying(st: EngineState, entry: IndexEntry) -> list[int]:
     return [tier for tier in entry.locations
             if st.tiers[tier].persistent or st.tiers[tier].shared]
 
-
-def _size(entry: IndexEntry) -> str:
-    """The object's size for a message: its payload, and its header's excess if any."""
-    excess = f" and a header {entry.excess} bytes over the allowance" if entry.excess else ""
-    return f"{entry.meta.nbytes} bytes{excess}"

@@ -275,7 +275,7 @@ class Engine(ReadCalls, ObserveCalls):
         call (a prefix two prompts share) is put once, the first time. The `TypeError`s,
         `ValueError`s and `LimitExceededError`s of bad items are raised before anything is
         stored."""
-        puts = checked_puts(items)
+        puts = checked_puts(items, self._writes.check_header_room)
         with self._span(PUT_MANY) as span:
             count = 0
             for key, value, parents in puts:
