@@ -244,33 +244,39 @@ class NvmeRecovery:
         it may supersede records of that key in any older use, and nothing tells which: those
         uses are dropped (as when the newest region is gone), by a floor recorded at once."""
         st = self._st
-        cut = max((lost.used.newest_seq for lost in unidentified if lost.used.lost), default=0)
+        cut = max((lost.used.lost_seq for lost in unidentified), default=0)
         if cut <= sb.floor_seq:
             return found, sb
         void = sum(r.seq < cut for r in found)
-        log.error("%s: a region whose header is damaged holds records of this log (up to seq "
-                  "%d) whose keys are unreadable: the %d older regions cannot be ordered "
-                  "against them and are dropped", st.name, cut, void)
+        log.error("%s: a region whose header is damaged holds a record of this log (seq %d) "
+                  "whose key is unreadable: the %d older regions cannot be ordered against "
+                  "it and are dropped", st.name, cut, void)
         st.counters["regions_unordered"] += void
         return [r for r in found if r.seq >= cut], replace(sb, floor_seq=cut)
 
     def _tombstone_unidentified(self, lost: Unidentified) -> None:
         """A region whose header is lost (a flipped bit, a zeroed block): its records cannot be
-        ordered against the rest of the log, and each may supersede an older record of its key
-        (an overwrite, a tombstone): every key they name is taken as tombstoned where its
-        record found is older than the region's newest record (a miss, never a value an
-        overwrite or delete replaced). The region stays out of use, shadowing those records'
-        regions, so that a later scan finds it again until they are reclaimed."""
+        ordered against the rest of the log by the region, only by their own use, and each
+        may supersede an older record of its key (an overwrite, a tombstone): a key whose
+        record found elsewhere is older than the newest record naming it here is taken as
+        tombstoned (a miss, never a value an overwrite or delete replaced). Such a region stays
+        out of use, shadowing those records' regions, so that a later scan finds it again until
+        they are reclaimed; one that supersedes nothing found (what a reclaimed region's older
+        records, under a checkpoint written over its header, are) stays free, unreported."""
         st = self._st
         region = st.regions[lost.index]
-        region.state, region.seq = RegionState.SEALED, lost.used.newest_seq
-        region.used, region.header_written = st.config.region_size, True
-        st.next_seq = max(st.next_seq, lost.used.newest_seq + 1)
-        st.counters["regions_unidentified"] += 1
-        for key in lost.used.keys:
+        st.next_seq = max(st.next_seq, lost.used.newest_seq + 1)  # no use of it is reissued
+        forgotten = 0
+        for key, seq in lost.used.keys.items():
             found = st.index.get(key)
-            if found is not None and st.regions[found.region].seq < lost.used.newest_seq:
+            if found is not None and st.regions[found.region].seq < seq:
                 st.shadow(region, st.forget(key))
                 st.damaged.add(key)
-        log.error("%s: region %d's header is damaged; the %d keys its records name are "
-                  "dropped where older", st.name, lost.index, len(lost.used.keys))
+                forgotten += 1
+        if not forgotten:
+            return
+        region.state, region.seq = RegionState.SEALED, lost.used.newest_seq
+        region.used, region.header_written = st.config.region_size, True
+        st.counters["regions_unidentified"] += 1
+        log.error("%s: region %d's header is damaged; %d keys whose newer records it holds are "
+                  "dropped", st.name, lost.index, forgotten)
