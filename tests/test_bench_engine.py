@@ -43,7 +43,7 @@ async def test_sustained_spill_demotes_into_pmem(config: Config) -> None:
 async def test_p99_compares_migrating_with_quiet(config: Config) -> None:
     result, rows = await engine_core.get_p99_under_migration(config, quick=True, repeats=1)
     assert result["demoted"] > 0 and result["samples_while_migrating"] > 0
-    assert rows[0].baseline_name.startswith("p99 with migration")
+    assert rows[0].baseline_name.startswith("p99 while demoted")
 
 
 async def test_group_commit_shares_flushes(config: Config) -> None:

@@ -54,14 +54,20 @@ def fio_runs() -> Iterator[None]:
     finally:
         with _lock:
             _stopped = True
-            running = list(_running)
-        # SIGTERM: fio stops the job processes it forked (each in a session of its own) and
-        # exits; SIGKILL left them writing, holding the pipes open
-        for process in running:
-            process.terminate()
-        for process in running:
-            try:
-                process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_running()
+
+
+def stop_running() -> None:
+    """Stop every fio running now (its job processes too) and wait for it."""
+    with _lock:
+        running = list(_running)
+    # SIGTERM: fio stops the job processes it forked (each in a session of its own) and
+    # exits; SIGKILL left them writing, holding the pipes open
+    for process in running:
+        process.terminate()
+    for process in running:
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -33,12 +33,12 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tierkv.bench._fio import fio_runs, run_fio
+from tierkv.bench._fio import run_fio, stop_running
 from tierkv.bench.common import Progress, Row, drive, memcpy_seconds, no_progress, percentile
 from tierkv.config import Config, GpuTierConfig, NvmeTierConfig, PmemTierConfig
 from tierkv.engine import Engine, open
@@ -296,24 +296,38 @@ async def write_through_group_commit(config: Config, *, quick: bool = False, rep
             {f"fdatasync every {n}": rate for n, rate in ceiling.items()}}, rows
 
 
+async def _until_fio_ended(run: Coroutine[Any, Any, str]) -> str:
+    """`run` (fio on a thread); cut short, fio is stopped and its thread waited for before the
+    caller's scratch file goes: removed first, the file was made again by a fio still starting
+    or writing, and 64-256 MiB stayed behind after a Ctrl-C."""
+    job = asyncio.ensure_future(run)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        while not job.done():  # a thread about to start fio starts it: stopped in turn
+            await asyncio.to_thread(stop_running)
+            await asyncio.wait({job}, timeout=0.1)
+        if not job.cancelled():
+            job.exception()  # retrieved: its failure is the cancellation's consequence
+        raise
+
+
 async def _sync_ceiling(directory: Path, size: int, nbytes: int,
                         best: dict[int, float] | None) -> dict[int, float] | None:
     """What the device allows group commit: fio's rate of `size` O_DIRECT writes into a fresh
     file (as the log's are), with an fdatasync after every write and after every `TASKS`-th
     (eight puts sharing each flush, the most eight tasks can share), each the best so far.
     None where fio is not installed. fio runs on a thread (`run_fio`, stopped with the bench:
-    `fio_runs`), so the loop keeps serving the progress display and signals meanwhile."""
+    `_until_fio_ended`), so the loop keeps serving the progress display and signals meanwhile."""
     if shutil.which("fio") is None:
         return best
     rates = dict(best or {})
     for every in (1, TASKS):
-        # fio_runs inside scratch: cut short, fio is stopped before its file is removed (the
-        # other way round, fio created the file again after the removal and it stayed behind)
-        with scratch(directory, ".fio") as path, fio_runs():
-            out = await asyncio.to_thread(run_fio, [
+        with scratch(directory, ".fio") as path:
+            out = await _until_fio_ended(asyncio.to_thread(run_fio, [
                 "fio", "--name=sync-ceiling", f"--filename={path}", "--ioengine=psync",
                 "--direct=1", "--rw=write", f"--bs={size}", f"--size={nbytes}",
-                f"--fdatasync={every}", "--output-format=json"])
+                f"--fdatasync={every}", "--output-format=json"]))
         iops = float(json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"])
         rates[every] = max(rates.get(every, 0.0), iops)
     return rates
