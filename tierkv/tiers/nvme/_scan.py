@@ -15,6 +15,7 @@ import asyncio
 from dataclasses import dataclass
 
 from tierkv.formats.nvme_layout import (
+    ENTRY_MAGIC,
     RegionEntries,
     Superblock,
     UseKeys,
@@ -22,7 +23,7 @@ from tierkv.formats.nvme_layout import (
     keys_of_any_use,
     scan_entries,
 )
-from tierkv.tiers.nvme.io._aligned import AlignedPool
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer, AlignedPool
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
 _CHUNK = 1 << 20
@@ -78,7 +79,8 @@ async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
             await io.read(head, sb.region_offset(index), align)
             seq = decode_region_header(head.view, sb.uuid, index)
             if seq is None:
-                lost.append(index)
+                if await _holds_entries(io, head, sb, index, end):
+                    lost.append(index)
             elif seq >= sb.floor_seq:
                 headers.append((seq, index))
     finally:
@@ -95,6 +97,18 @@ async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
         if used.newest_seq:
             unidentified.append(Unidentified(index, used))
     return found, unidentified
+
+
+async def _holds_entries(io: BlockIO, buf: AlignedBuffer, sb: Superblock, index: int,
+                         end: int) -> bool:
+    """Whether the first block after region `index`'s header holds an entry magic, where every
+    use starts writing: a region never used (zeros) is not read whole at each scan for its
+    records; `buf` is a block's buffer."""
+    offset = sb.region_offset(index) + sb.alignment
+    if offset + sb.alignment > end:
+        return False
+    await io.read(buf, offset, sb.alignment)
+    return ENTRY_MAGIC in bytes(buf.view[: sb.alignment])
 
 
 async def _read_region(io: BlockIO, pool: AlignedPool, sb: Superblock, index: int, end: int
