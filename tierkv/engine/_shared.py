@@ -27,14 +27,14 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import struct
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 from tierkv.engine._commit import GroupCommit
 from tierkv.engine._executor import MoveExecutor
-from tierkv.engine._own import keep_own, own_tiers, read_own, read_records
+from tierkv.engine._fleet_cursor import encode_cursor, saved_cursor
+from tierkv.engine._own import keep_own, own_tiers, read_records
 from tierkv.engine._state import EngineState
 from tierkv.errors import DependencyCycleError, DeviceError, TierKVError, TierUnavailableError
 from tierkv.formats.shared_record import SharedRecord
@@ -44,18 +44,14 @@ from tierkv.keys import FLEET_CURSOR_KEY, UNPUBLISHED_KEY
 
 if TYPE_CHECKING:
     from tierkv.tiers.redis import RedisTier
+    from tierkv.tiers.redis._fleet import Fleet
 
 log = logging.getLogger("tierkv.engine")
 Found = tuple[ObjectMeta, Payload]
 #: ancestors one staleness check follows at most (a chain of 64 Ki tokens in 16-token blocks)
 MAX_ANCESTORS = 4096
-#: the saved position in the fleet's log: its cursor, and the epoch of the log it was read in
-#: (`Fleet.reaches`); a save of the cursor alone (8 bytes) is read as of an unknown epoch
-_CURSOR = struct.Struct("<Q8s")
-_CURSOR_ALONE = struct.Struct("<Q")
 #: invalidations kept while the server is unreachable, at most (the oldest go beyond)
 MAX_UNPUBLISHED = 100_000
-#: drops a key locally and what derives from it (the engine's invalidation, local only)
 #: `Invalidations.forget`: drop a key another engine invalidated, by the entry of that order
 #: (None: not for an entry, as when the log's history was lost)
 Forget = Callable[[bytes, "int | None"], Awaitable[int]]
@@ -112,21 +108,24 @@ class Shared:
 
     async def start(self, forget: Forget) -> None:
         """Follow the fleet's log from now on; first apply to the objects recovered at open
-        what the log invalidated since the cursor saved with them (`save_cursor`): the keys
-        of entries after it that are held here, or that something held here derives from (a
-        model version, a key deleted here: what a running engine's follower applies too), are
-        invalidated here (one stored again since too: a miss, never a stale hit); if entries
-        after it were trimmed, or no cursor was saved and some were, every recovered object is
-        dropped."""
+        what the log invalidated since the cursor saved with them (`save_cursor`): the keys of
+        entries after it held here, or that something held here derives from (a model version,
+        a key deleted here: what a running engine's follower applies too), are invalidated here
+        (one stored again since too: a miss, never a stale hit); if entries after it were
+        trimmed, or no cursor was saved and some were, every recovered object is dropped. The
+        position is saved at once, not first at a flush: a crash before one left what was put
+        meanwhile with no position, and a log lost meanwhile unnoticed."""
         if self.tier is None or self.tier.fleet is None:
             return
         self._forget = forget
-        fleet = self.tier.fleet
-        fleet.set_listeners(self._remote, self._history_lost)  # first: no entry slips between
+        self.tier.fleet.set_listeners(self._remote, self._history_lost)  # no entry slips by
         await self._load_unpublished()
-        if not len(self._st.index):
-            return
-        saved = await self._saved_cursor()
+        if len(self._st.index):
+            await self._catch_up(self.tier.fleet, forget)
+        await self.save_cursor()
+
+    async def _catch_up(self, fleet: Fleet, forget: Forget) -> None:
+        saved = await saved_cursor(self._st)
         cursor, epoch = saved if saved is not None else (0, None)
         reaches = cursor >= fleet.horizon and await fleet.reaches(cursor, epoch)
         # the horizon again after the survey: the follower drops the tombs at or below a
@@ -142,18 +141,6 @@ class Shared:
         for key, order in [(key, order) for key, order in fleet.tombs.items()
                            if order > since and (key in index or dag.has_children(key))]:
             await forget(key, order)
-
-    async def _saved_cursor(self) -> tuple[int, bytes | None] | None:
-        """The newest saved (cursor, epoch of its log), if any was saved."""
-        copies: list[tuple[int, tuple[int, bytes | None]]] = []
-        for meta, payload in await read_own(self._st, FLEET_CURSOR_KEY):
-            if meta.nbytes == _CURSOR.size:
-                cursor, epoch = _CURSOR.unpack(payload)
-                copies.append((meta.generation, (int(cursor), bytes(epoch))))
-            elif meta.nbytes == _CURSOR_ALONE.size:
-                copies.append((meta.generation,
-                               (int(_CURSOR_ALONE.unpack(payload)[0]), None)))
-        return max(copies)[1] if copies else None  # the newest copy's
 
     async def save_cursor(self) -> None:
         """Keep this engine's position in the fleet's log in the persistent tiers (two where
@@ -175,7 +162,7 @@ class Shared:
         unpublished = (encode_tombstones(dict.fromkeys(self._unpublished, 0), UNPUBLISHED_MAGIC)
                        if self._unpublished else None)
         try:
-            kept = await keep_own(st, FLEET_CURSOR_KEY, _CURSOR.pack(fleet.cursor, fleet.epoch),
+            kept = await keep_own(st, FLEET_CURSOR_KEY, encode_cursor(fleet.cursor, fleet.epoch),
                                   tiers)
             await keep_own(st, UNPUBLISHED_KEY, unpublished, kept)  # beside its cursor
             for tier in kept:
@@ -384,8 +371,10 @@ class Shared:
         for key in keys:
             self._st.counters.remote_invalidated += await self._forget(key, order)
 
-    async def _history_lost(self) -> None:
+    async def _history_lost(self, told: Sequence[bytes] = ()) -> None:
+        """Drop what is held; `told`: invalidations the log may have lost, published again."""
         assert self._forget is not None
+        self._keep_unpublished(told)
         for key in self._st.index.key_list():
             await self._forget(key, None)
 

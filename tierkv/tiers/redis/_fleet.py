@@ -32,7 +32,12 @@ read yet) must be of the same epoch. Where neither holds, what was invalidated m
 be known, and the engine drops what it holds, as for a trimmed history. The follower surveys
 the log once a second while it reads it, not only when it reconnects: a log lost under a live
 connection fails no read, and a follower that had not read the last entries served what they
-invalidated for good.
+invalidated for good. A log lost or rolled back (a restart from an older snapshot, a failover
+onto a replica that lagged) may also have brought back records of keys its lost entries had
+invalidated, and an engine started later finds no tomb for them: so a running engine that
+finds its log lost or rolled back (not merely trimmed) hands the keys of the tombs it holds to
+its lost listener, which publishes them again (`Shared`): those keys miss across the fleet,
+never the values they replaced.
 """
 
 from __future__ import annotations
@@ -54,8 +59,10 @@ log = logging.getLogger("tierkv.tiers.redis")
 Call = Callable[[Awaitable[Any]], Awaitable[Any]]
 #: called with the keys another engine invalidated; returns once they are gone here
 Listener = Callable[[list[bytes], int], Awaitable[None]]
-#: called when entries this engine had not read were trimmed away: it cannot know what it missed
-LostListener = Callable[[], Awaitable[None]]
+#: called when entries this engine had not read are gone (trimmed away, or the log lost or rolled
+#: back): it cannot know what it missed; with the keys of the tombs the log may have lost
+#: (`_read_horizon`), for the fleet to be told again
+LostListener = Callable[[list[bytes]], Awaitable[None]]
 _SEQ_BITS = 20
 #: entries one read of the log takes at most
 _PAGE = 512
@@ -315,7 +322,12 @@ class Fleet:
         epoch, trimmed, found = await self._call(self._client.eval(
             _SURVEY, 3, self.stream, self.epoch_key, self.horizon_key, os.urandom(8),
             _entry_id(cursor)))
-        return bytes(epoch), entry_order(trimmed) if trimmed else 0, bool(found)
+        try:
+            return bytes(epoch), entry_order(trimmed) if trimmed else 0, bool(found)
+        except ValueError:  # not `ms-seq`: a key of something else under the prefix
+            raise DeviceError(f"the shared tier's {self.horizon_key.decode(errors='replace')!r} "
+                              f"holds {bytes(trimmed)[:40]!r}, not a tierkv log position: a "
+                              "key of something else under key_prefix?") from None
 
     async def _read_horizon(self) -> None:
         """Learn what was trimmed, and whether the log is still the one this engine read; if
@@ -325,14 +337,21 @@ class Fleet:
         survey = await self._survey(self.cursor)
         epoch, horizon, _found = survey
         lost = not _reaches(self.cursor, self.epoch or None, survey)
+        # not trimmed past the cursor: the log itself was lost or rolled back, and with it
+        # entries this engine read (its tombs above the horizon, which the log may lack now)
+        rolled_back = lost and (epoch != self.epoch or horizon < self.cursor)
+        told = [key for key, order in self.tombs.items() if order > horizon] \
+            if rolled_back else []
         self.epoch = epoch
         self.horizon = max(self.horizon, horizon)
         if lost:
             self._counters["log_history_lost"] += 1
             log.warning("invalidations this engine had not read are gone from the shared "
-                        "log (trimmed, or the log itself lost): dropping the objects it holds")
+                        "log (trimmed, or the log itself lost or rolled back): dropping the "
+                        "objects it holds%s", f", publishing {len(told)} invalidations again"
+                        if told else "")
             if self._lost is not None:
-                await self._lost()
+                await self._lost(told)
             async with self._advanced:
                 # trimmed: on from the horizon; a lost log: from what the new one holds
                 self.cursor = horizon
