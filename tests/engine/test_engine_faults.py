@@ -6,7 +6,10 @@ kernel's read path (past the end of the file); objects in the other tiers stay s
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import tierkv
@@ -33,7 +36,8 @@ async def test_nvme_read_failure_is_a_counted_miss(tmp_path: Path) -> None:
         for key in above:
             assert await kv.get(key) == values[key]
         stats = kv.stats()["engine"]
-        assert stats["device_errors"] >= len(below)
+        # each failed, or was skipped once the failures opened the log's breaker
+        assert stats["device_errors"] + stats["breaker_skips"] >= len(below)
         assert stats["misses"] >= len(below)
         await kv.put("after", b"still works")
         assert await kv.get("after") == b"still works"
@@ -56,3 +60,45 @@ async def test_corrupt_payload_below_is_a_miss_not_wrong_bytes(tmp_path: Path) -
     async with tierkv.open(config) as kv:
         assert await kv.get("victim") is None
         assert await kv.get("filler7") is not None
+
+
+#: puts into a log whose every device write fails: the file size limit lowered below the first
+#: region (writes past it fail with EFBIG in the kernel's write path); prints what the engine
+#: reported once the puts ended
+_DEAD_LOG_CHILD = """
+import asyncio, json, resource, signal, sys
+import tierkv
+
+async def main(cfg):
+    kv = await tierkv.open(cfg)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    failed = 0
+    for i in range(120):
+        try:
+            await kv.put(f"k{i}", bytes([i]) * 3000)
+        except tierkv.DeviceError:
+            failed += 1
+    stats = kv.stats()
+    print(json.dumps({"failed": failed, "device_errors": stats["engine"]["device_errors"],
+                      "opened": stats["tiers"]["nvme"]["breaker_opened"]}), flush=True)
+
+asyncio.run(main(json.loads(sys.argv[1])))
+"""
+
+
+def test_a_log_whose_every_write_fails_opens_its_breaker(tmp_path: Path) -> None:
+    """A put into the log appends to its buffer in memory: only the flush meets the device.
+    Counted as successes, the appends outnumbered the failed flushes, the breaker never
+    opened and `device_errors` stayed 0, so every write_through put went on into the dead
+    log."""
+    config = hierarchy(tmp_path, pmem=False, write_policy="write_through")
+    config["health"] = {"cooldown": "1h"}
+    child = subprocess.run([sys.executable, "-c", _DEAD_LOG_CHILD, json.dumps(config)],
+                           capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).parents[2])
+    assert child.returncode == 0, child.stderr[-2000:]
+    seen = json.loads(child.stdout.splitlines()[-1])
+    assert seen["failed"] == 120  # no persistent tier took them: none acknowledged
+    assert seen["opened"] >= 1
+    assert seen["device_errors"] >= 1

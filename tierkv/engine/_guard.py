@@ -10,7 +10,11 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   holds its buffers until it does.
 - `write` (put, and the copies of moves): skipped while the breaker is open, so the write
   falls through to the next tier; cut off at `slow_operation` like a read, and failed: the put
-  writes the next tier instead, a move leaves its source in place. What the cut-off write may
+  writes the next tier instead, a move leaves its source in place. Into a *deferred* tier (the
+  nvme log, whose puts append to a buffer in memory that a flush or the write-behind writes
+  out) a write that returned says nothing of the device, and counts nowhere: the flush that
+  covers it does. Counted as successes, appends outnumbered the failed flushes of a log whose
+  every write failed, and its breaker never opened. What the cut-off write may
   still leave in the tier (its IO finishing in the background) is the key's to scrub: the
   caller marked the tier dirty before the call (`_keys`), and the tier orders the scrub's
   delete after the put it cancelled.
@@ -61,12 +65,15 @@ Changed = Callable[[int, BreakerState], None]
 
 
 class Guard:
-    __slots__ = ("_changed", "_clock", "_cut_offs", "_direct", "_index", "breaker", "name",
-                 "transitions")
+    __slots__ = ("_changed", "_clock", "_cut_offs", "_deferred", "_direct", "_index", "breaker",
+                 "name", "transitions")
 
     def __init__(self, index: int, name: str, health: HealthConfig, changed: Changed, *,
-                 direct: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+                 direct: bool = False, deferred: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._index = index
+        #: a write that returned is no verdict on the device (the module docstring)
+        self._deferred = deferred
         #: reads, writes and deletes go straight to the tier, past the breaker and uncut: a tier
         #: that does no device IO (the gpu slot pool, whose calls are copies) raises no
         #: `DeviceError` there, which is all a breaker counts, and on an L1 hit of a few µs the
@@ -91,15 +98,15 @@ class Guard:
     async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._direct:
             return await call(*args, **kwargs)
-        return await self._cut_off(self._admit(), "a read", "read elsewhere", call, *args,
-                                   **kwargs)
+        return await self._cut_off(self._admit(), "a read", "read elsewhere", True, call,
+                                   *args, **kwargs)
 
     async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
         if self._direct:
             return await call(*args, **kwargs)
-        return await self._cut_off(self._admit(), "a write", "write elsewhere", call, *args,
-                                   **kwargs)
+        return await self._cut_off(self._admit(), "a write", "write elsewhere",
+                                   not self._deferred, call, *args, **kwargs)
 
     async def delete(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -108,7 +115,7 @@ class Guard:
         if self._direct:
             return await call(*args, **kwargs)
         return await self._cut_off(self._allow(made_anyway=True), "a delete",
-                                   "it is retried", call, *args, **kwargs)
+                                   "it is retried", True, call, *args, **kwargs)
 
     async def insist(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -117,7 +124,7 @@ class Guard:
         foreground calls away from a failing device; a flush has nowhere else to go, and one
         that passed over a healed device still in its cool-down returned with nothing durable."""
         return await self._cut_off(self._allow(made_anyway=True), "a write",
-                                   "the flush fails", call, *args, **kwargs)
+                                   "the flush fails", True, call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -134,9 +141,10 @@ class Guard:
             self.breaker.success(permit, self._clock())
         return result
 
-    async def _cut_off(self, permit: Permit | None, what: str, then: str,
+    async def _cut_off(self, permit: Permit | None, what: str, then: str, verdict: bool,
                        call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one."""
+        """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one
+        (a return only with `verdict`)."""
         breaker = self.breaker
         try:
             with self._cut_offs():
@@ -150,7 +158,9 @@ class Guard:
             if permit is not None:
                 self._report(permit, exc)
             raise
-        if permit is not None:
+        if permit is not None and not verdict:
+            breaker.cancel(permit)
+        elif permit is not None:
             # a call that was not cut off was not slow: the cut-off discounts the loop's own
             # stalls, which the breaker's clock cannot
             breaker.success(permit, self._clock(), slow=False)

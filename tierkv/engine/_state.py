@@ -101,12 +101,11 @@ class EngineState:
         #: each tier's circuit breaker, through which every call into the tier goes
         self.guards = tuple(
             Guard(index, tier.name, config.health, self._breaker_changed,
-                  direct=tier.kind is TierKind.GPU)
+                  direct=tier.kind is TierKind.GPU, deferred=tier.kind is TierKind.NVME)
             for index, tier in enumerate(tiers))
         group = config.engine.group_commit
-        self.commits = tuple(
-            GroupCommit(functools.partial(guard.settle, tier.flush), enabled=group)
-            for tier, guard in zip(tiers, self.guards, strict=True))
+        self.commits = tuple(GroupCommit(functools.partial(self._flush_tier, index),
+                                         enabled=group) for index in range(len(tiers)))
         #: keys whose write-through put waits for its copy's flush: a reclaim of the log
         #: keeps their entries (`_recovery.listen_to_tiers`), lest the put lose its copy
         #: between its write and the flush that makes it durable
@@ -145,6 +144,15 @@ class EngineState:
             return
         self.counters.device_errors += 1
         log.warning("tier %s failed %s: %s", self.names[tier], what, str(exc))
+
+    async def _flush_tier(self, index: int) -> None:
+        """One flush of tier `index` (its `commits`); a failed one is counted once, however
+        many callers it served."""
+        try:
+            await self.guards[index].settle(self.tiers[index].flush)
+        except DeviceError as exc:
+            self.device_failed(index, "a flush", exc)
+            raise
 
     async def _scrub(self, key: bytes, dirty: set[int]) -> None:
         assert self.scrub is not None, "the engine installs the scrub before any operation"
