@@ -24,6 +24,7 @@ from tierkv.config import load_config
 from tierkv.errors import DeviceError
 from tierkv.formats.membership import Membership, decode_membership, encode_membership
 from tierkv.keys import MEMBERSHIP_KEY, encode_key
+from tierkv.testing.faults import FaultPlan, open_with_faults
 from tierkv.tiers.registry import make_tier
 
 pytestmark = pytest.mark.pmem
@@ -211,3 +212,45 @@ def test_the_record_round_trips_and_is_strict() -> None:
     for damaged in (data[:-1], data + b"\0", b"XXXX" + data[4:], data[:20]):
         with pytest.raises(tierkv.CorruptObjectError):
             decode_membership(damaged)
+
+
+def shrinking(tmp_path: Path, pmem_capacity: str, kinds: tuple[str, ...]) -> dict[str, Any]:
+    return hierarchy_config(tmp_path, kinds, pmem={"capacity": pmem_capacity},
+                            nvme={"capacity": "24MiB"})
+
+
+async def test_a_pool_reopened_smaller_takes_its_record_and_a_session_without_it_counts(
+        tmp_path: Path) -> None:
+    """A pool reopened with a smaller capacity holds more than it may until objects move out,
+    and refused this session's record: it kept its older one while the log's record listed it
+    as a member. Then a session of the pool alone took the same number as that one, and with
+    the log listed first the two read as one: both were taken, and what the pool-only session
+    deleted came back from the log. The record is now written once the evictors made room."""
+    async with tierkv.open(shrinking(tmp_path, "16MiB", ("pmem", "nvme"))) as kv:
+        for i in range(200):
+            await kv.put(f"k{i}", bytes([i]) * 60_000)
+        await kv.settle()
+    async with tierkv.open(shrinking(tmp_path, "8MiB", ("pmem", "nvme"))) as kv:
+        await kv.settle()
+        held = [i for i in range(200) if await kv.locate(f"k{i}") == "pmem"]
+        assert held
+    async with tierkv.open(shrinking(tmp_path, "8MiB", ("pmem",))) as kv:
+        for i in held:
+            assert await kv.delete(f"k{i}")
+    log_first = shrinking(tmp_path, "8MiB", ("nvme", "pmem"))
+    with pytest.raises(DeviceError, match="'nvme'"):  # it sat the pool-only session out
+        await tierkv.open(log_first)
+
+
+async def test_a_tier_that_never_takes_its_record_fails_the_open(tmp_path: Path) -> None:
+    """Every put into the log fails (ENOSPC): the open is refused, its
+    media let go, rather than run with a member that keeps an older record."""
+    config = shrinking(tmp_path, "8MiB", ("pmem", "nvme"))
+    async with tierkv.open(config) as kv:
+        await kv.put("k", b"v" * 1000)
+    plan = FaultPlan().add("nvme", "enospc", rate=1.0, ops=["put"])
+    with pytest.raises(DeviceError, match="membership record could not be written"):
+        await open_with_faults(config, plan)
+    assert plan.fired["nvme:enospc"] >= 2  # at the open, and again once the evictors ran
+    async with tierkv.open(config) as kv:  # nothing held on to the media
+        assert await kv.get("k") == b"v" * 1000

@@ -23,22 +23,29 @@ delete the newer one):
 Then every local persistent tier gets this session's record, synced. Records are kept only
 where they can matter: where two local persistent tiers are present, or a tier has one already
 (it was in such a hierarchy, and a session without the others must be recorded). A hierarchy
-of one persistent tier that never had another writes none.
+of one persistent tier that never had another writes none. A tier that does not take its
+record at once (a pool reopened smaller, over its capacity until objects move out) gets it
+once the evictors run, or the open fails (`insist_on_records`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tierkv.config import NvmeTierConfig, PmemTierConfig
 from tierkv.engine._state import EngineState, log
-from tierkv.errors import CorruptObjectError, DeviceError, TierKVError
+from tierkv.errors import CorruptObjectError, DeviceError, TierFullError, TierKVError
 from tierkv.formats.membership import ID_SIZE, Membership, decode_membership, encode_membership
 from tierkv.formats.value import encode_value, payload_view
 from tierkv.keys import MEMBERSHIP_KEY
 from tierkv.tiers.base import RecoveredObject
+
+#: what a record takes in a tier, about (a waiter for room asks for this much)
+RECORD_BYTES = 256
 
 
 @dataclass(slots=True)
@@ -86,31 +93,89 @@ async def settle_membership(state: EngineState, recovered: list[list[RecoveredOb
     return kept
 
 
-async def record_membership(state: EngineState, kept: dict[int, Membership]) -> None:
+async def record_membership(state: EngineState, kept: dict[int, Membership]
+                            ) -> dict[int, Membership]:
     """Write this session's record into every local persistent tier and sync it, where records
-    are kept (the module docstring); `kept`: what `settle_membership` returned. A tier that
-    fails to take it is logged: it is among the session's members, so the next open still
-    counts it current."""
+    are kept (the module docstring); `kept`: what `settle_membership` returned. Returns the
+    records a tier did not take (logged), for `insist_on_records` once the evictors run."""
     local = _local(state)
     if len(local) < 2 and not kept:
-        return
+        return {}
     members = {tier: kept[tier].tier if tier in kept else os.urandom(ID_SIZE) for tier in local}
     seq = max((record.seq for record in kept.values()), default=0) + 1
     session = os.urandom(ID_SIZE)
-    for tier in local:
-        record = Membership(members[tier], seq, session, frozenset(members.values()))
-        meta, payload = encode_value(encode_membership(record))
-        meta = meta.with_generation(state.index.new_entry(MEMBERSHIP_KEY, meta).generation)
-        device, guard = state.tiers[tier], state.guards[tier]
+    failed: dict[int, Membership] = {}
+    records = {tier: Membership(members[tier], seq, session, frozenset(members.values()))
+               for tier in local}
+    state.record_dropped = functools.partial(_dropped, state, records)
+    for tier, record in records.items():
         try:
-            await guard.insist(device.put, MEMBERSHIP_KEY, meta, payload)
-            await guard.settle(device.flush)
+            await _write(state, tier, record)
         except TierKVError as exc:
-            log.warning("tier %s: this session's membership record was not written: %s",
-                        state.names[tier], str(exc))
-            continue
-        if tier not in state.own.setdefault(MEMBERSHIP_KEY, []):
-            state.own[MEMBERSHIP_KEY].append(tier)
+            log.warning("tier %s: this session's membership record was not written (tried "
+                        "again once objects can move out): %s", state.names[tier], str(exc))
+            failed[tier] = record
+    return failed
+
+
+async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -> None:
+    """Write the records `record_membership` could not, now that the evictors run (a pool
+    reopened with a smaller capacity holds more than it may until they move objects out),
+    waiting for room up to `space_timeout`. A tier that still refuses fails the open with a
+    `DeviceError`: listed among this session's members without its record, it could later run
+    a session without the others under this session's number, which then read as this one, and
+    what that session deleted or overwrote came back from the others."""
+    loop = asyncio.get_running_loop()
+    for tier, record in failed.items():
+        space = state.spaces[tier]
+        deadline = loop.time() + space.timeout
+        while True:
+            try:
+                await _write(state, tier, record)
+                break
+            except TierFullError as exc:
+                try:
+                    room = await space.wait_for_room(RECORD_BYTES, deadline)
+                except TierFullError:
+                    room = False
+                if not room:
+                    raise _refused(state, tier, exc) from None
+            except TierKVError as exc:
+                raise _refused(state, tier, exc) from None
+
+
+def _dropped(state: EngineState, records: dict[int, Membership], tier: int, key: bytes) -> None:
+    """`tier` dropped an engine record on its own: this session's membership record is
+    written again, in the background (close waits for it). Left dropped, the next open found
+    the tier holding objects but no record, and refused it: a clean close, then a cache that
+    would not open."""
+    if key == MEMBERSHIP_KEY and tier in records:
+        state.spawn(_write_again(state, tier, records[tier]))
+
+
+async def _write_again(state: EngineState, tier: int, record: Membership) -> None:
+    try:
+        await _write(state, tier, record)
+    except TierKVError as exc:
+        log.warning("tier %s dropped this session's membership record, and it could not be "
+                    "written again: %s", state.names[tier], str(exc))
+
+
+def _refused(state: EngineState, tier: int, exc: TierKVError) -> DeviceError:
+    return DeviceError(f"tier {state.names[tier]!r}: this session's membership record could not "
+                       f"be written ({exc}); the open is refused, lest a later session without "
+                       "the other tiers be taken for this one")
+
+
+async def _write(state: EngineState, tier: int, record: Membership) -> None:
+    """`record` into `tier`, synced; the tier is then one that holds the engine's record."""
+    meta, payload = encode_value(encode_membership(record))
+    meta = meta.with_generation(state.index.new_entry(MEMBERSHIP_KEY, meta).generation)
+    device, guard = state.tiers[tier], state.guards[tier]
+    await guard.insist(device.put, MEMBERSHIP_KEY, meta, payload)
+    await guard.settle(device.flush)
+    if tier not in state.own.setdefault(MEMBERSHIP_KEY, []):
+        state.own[MEMBERSHIP_KEY].append(tier)
 
 
 def _local(state: EngineState) -> list[int]:

@@ -27,11 +27,14 @@ from tierkv.engine._membership import record_membership, settle_membership
 from tierkv.engine._state import EngineState, log
 from tierkv.engine.dag import DependencyCycleError
 from tierkv.errors import DeviceError
+from tierkv.formats.membership import Membership
 from tierkv.keys import PROBE_PREFIX, is_engine_key
 from tierkv.tiers.base import RecoveredObject, Tier
 
 
-async def open_tiers(state: EngineState) -> None:
+async def open_tiers(state: EngineState) -> dict[int, Membership]:
+    """Open the tiers and index what they recovered; returns the membership records a tier
+    did not take yet (`insist_on_records`)."""
     opened: list[Tier] = []
     started = time.perf_counter()
     try:
@@ -50,8 +53,9 @@ async def open_tiers(state: EngineState) -> None:
         for index in range(len(state.tiers)):
             await _adopt(state, index, recovered[index], dropped[index])
         listen_to_tiers(state)
-        await record_membership(state, kept)
+        failed = await record_membership(state, kept)
         state.counters.recovery_s = time.perf_counter() - started
+        return failed
     except BaseException:
         for tier in reversed(opened):
             await tier.close()

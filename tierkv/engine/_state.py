@@ -34,6 +34,7 @@ from tierkv.engine.dag import Dag
 from tierkv.engine.stats import EngineCounters
 from tierkv.errors import DeviceError, EngineClosedError, TierUnavailableError
 from tierkv.health import BreakerState
+from tierkv.keys import is_engine_key
 from tierkv.scheduler import Scheduler
 from tierkv.tiers.base import Tier, ZeroCopyPinning
 
@@ -93,6 +94,9 @@ class EngineState:
         self.tasks: set[asyncio.Task[None]] = set()
         #: the cleanup of cancelled writes (`CopyOps.scrub`), installed by the engine
         self.scrub: Scrub | None = None
+        #: told of an engine record a tier dropped on its own (a reclaim of the log that found
+        #: no room to keep it): `_membership` writes this session's record again
+        self.record_dropped: Callable[[int, bytes], None] | None = None
         self.keys = KeyGate(self._scrub, self.spawn, self._released)
         self.spaces = tuple(
             TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
@@ -172,8 +176,12 @@ class EngineState:
 
     def dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """`tier` dropped these keys' copies on its own (a reclaim; called as it drops them):
-        the index forgets them."""
+        the index forgets them; an engine record goes to `record_dropped`."""
         for key in keys:
+            if is_engine_key(key):
+                if self.record_dropped is not None:
+                    self.record_dropped(tier, key)
+                continue
             entry = self.index.get(key)
             if entry is not None and tier in entry.locations:
                 # a copy that left its tier for room: an eviction, as the evictor's are

@@ -40,6 +40,7 @@ from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
 from tierkv.engine._items import checked_puts, put_parents
+from tierkv.engine._membership import insist_on_records
 from tierkv.engine._moves import Moves
 from tierkv.engine._observe_calls import ObserveCalls
 from tierkv.engine._pins import PinContext, Pins
@@ -107,13 +108,14 @@ class Engine(ReadCalls, ObserveCalls):
     async def _start(self) -> None:
         """Open every tier, index what the persistent ones recovered, start the background."""
         st = self._st
-        await open_tiers(st)
+        unrecorded = await open_tiers(st)
         try:
             await self._tombstones.recover()
             await self._departed.recover()
             self._closed = False
             self._executor.start()
             self._background.start()
+            await insist_on_records(st, unrecorded)
             for key in cut_off_by_damage(st, self._departed.lost_at_open):
                 removed = await self._invalidations.descendants(key, local=True, barrier=False)
                 log.warning("recovery: %d objects derive from a damaged object whose parents "

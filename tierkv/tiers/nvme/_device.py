@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierkv._fork import keep, release_in_children
 from tierkv._platform import io_uring_available
 from tierkv.config import NvmeBackend, NvmeTierConfig
 from tierkv.errors import DeviceError
@@ -70,6 +71,7 @@ def open_device(config: NvmeTierConfig) -> Device:
     fd, direct, created = _open_fd(path, existing is None, config.direct, exclusive=block)
     try:
         _lock(fd, path)
+        release_in_children(fd)  # a forked child must not hold the lock on (`tierkv._fork`)
         info = os.fstat(fd)
         block = stat.S_ISBLK(info.st_mode)
         if block:
@@ -89,6 +91,7 @@ def open_device(config: NvmeTierConfig) -> Device:
         if created and not (isinstance(exc, DeviceError) and exc.errno == errno.EWOULDBLOCK):
             with contextlib.suppress(OSError):
                 os.unlink(path)
+        keep(fd)
         os.close(fd)
         if isinstance(exc, OSError):
             raise DeviceError(f"{path}: cannot read its size: {exc.strerror}",

@@ -25,6 +25,7 @@ import os
 from collections.abc import Callable
 
 from tierkv._concurrency import outlive_cancel
+from tierkv._fork import keep
 from tierkv.errors import DeviceError
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
 from tierkv.tiers.nvme._log import RegionLog
@@ -169,5 +170,6 @@ class LogFlush:
             st.io = None
         st.pool.close()
         if st.device is not None:
+            keep(st.device.fd)
             os.close(st.device.fd)
             st.device = None

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tierkv._fork import keep_file, release_file_in_children
 from tierkv._untracked import untrack
 from tierkv.errors import DeviceError
 from tierkv.formats import pmem_layout
@@ -150,6 +151,8 @@ class Pool:
         self._handle: int | None = handle
         self.path = path
         self.size = path.stat().st_size if path.is_file() else 0
+        # a forked child must not hold the pool's lock on (`tierkv._fork`)
+        release_file_in_children(path, handle, self.size)
 
     @property
     def handle(self) -> int:
@@ -166,6 +169,7 @@ class Pool:
         if self._handle is not None:
             handle, self._handle = self._handle, None
             self._lib.obj.pmemobj_close(handle)
+            keep_file(self.path)
 
     def is_pmem(self) -> bool:
         """libpmem's ``pmem_is_pmem`` over the whole mapping: real persistent memory or not."""
