@@ -6,6 +6,7 @@ engine's process died alike."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -19,16 +20,22 @@ from tests.engine._configs import hierarchy_config
 pytestmark = pytest.mark.pmem
 
 
+def fork_idle_worker() -> int:
+    """Fork a child that never touches the engine and lives on; its pid."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    return child
+
+
 async def test_a_forked_child_does_not_keep_the_media_locked(tmp_path: Path) -> None:
     config = hierarchy_config(tmp_path, ("pmem", "nvme"))
     kv = await tierkv.open(config)
     try:
         await kv.put("k", b"v" * 5000)
         await kv.flush()
-        child = os.fork()
-        if child == 0:  # a worker that never touches the engine, and lives on
-            time.sleep(60)
-            os._exit(0)
+        child = fork_idle_worker()
     finally:
         await kv.close()
     try:
@@ -36,4 +43,4 @@ async def test_a_forked_child_does_not_keep_the_media_locked(tmp_path: Path) -> 
             assert await reopened.get("k") == b"v" * 5000
     finally:
         os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
+        await asyncio.to_thread(os.waitpid, child, 0)
