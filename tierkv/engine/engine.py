@@ -251,7 +251,8 @@ class Engine(ReadCalls, ObserveCalls):
                 # the tier it went into first: its fastest copy as the put let go of the key
                 entry = st.index.get(raw)
                 placed = entry.locations[0] if entry is not None and entry.locations else None
-                if replaced or cascaded:
+                # children linked while it was stored count even at a first write
+                if replaced or cascaded or st.dag.has_children(raw):
                     await self._invalidations.overwritten(raw, cascaded)
                 self._shared.share(raw)
             st.counters.puts += 1
