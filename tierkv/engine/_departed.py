@@ -45,6 +45,7 @@ class DepartedEdges:
         self._st = state
         #: what the newest record on media holds
         self._recorded: Edges = {}
+        state.record_dropped[DEPARTED_EDGES_KEY] = self._unrecorded
         #: keys whose last copy is about to go (`leaving`): recorded while still stored
         self._leaving: set[bytes] = set()
         self._one = GroupCommit(self._write)
@@ -83,6 +84,10 @@ class DepartedEdges:
             yield
         finally:
             self._leaving.discard(key)
+
+    def _unrecorded(self, _tier: int) -> None:
+        """A tier dropped a copy of the record: the next flush writes it again."""
+        self._recorded = {}
 
     async def _write(self) -> None:
         st = self._st

@@ -29,6 +29,7 @@ from tierkv.engine._commit import GroupCommit
 from tierkv.engine._copies import CopyOps
 from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
+from tierkv.engine._membership import write_unrecorded
 from tierkv.engine._state import EngineState
 from tierkv.engine._tombstones import Tombstones
 from tierkv.errors import DeviceError, TierKVError
@@ -71,6 +72,7 @@ class Flusher:
                 log.warning("flush: %s", str(exc))
                 failures.append(exc)
             await self._departed.record()
+            await write_unrecorded(st)
 
             async def persist(entry: IndexEntry) -> None:
                 try:

@@ -25,7 +25,7 @@ where they can matter: where two local persistent tiers are present, or a tier h
 (it was in such a hierarchy, and a session without the others must be recorded). A hierarchy
 of one persistent tier that never had another writes none. A tier that does not take its
 record at once (a pool reopened smaller, over its capacity until objects move out) gets it
-once the evictors run, or the open fails (`insist_on_records`).
+once the evictors run, or at a later flush or the close (`insist_on_records`).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ async def record_membership(state: EngineState, kept: dict[int, Membership]
     failed: dict[int, Membership] = {}
     records = {tier: Membership(members[tier], seq, session, frozenset(members.values()))
                for tier in local}
-    state.record_dropped = functools.partial(_dropped, state, records)
+    state.record_dropped[MEMBERSHIP_KEY] = functools.partial(_dropped, state, records)
     for tier, record in records.items():
         try:
             await _write(state, tier, record)
@@ -121,10 +121,12 @@ async def record_membership(state: EngineState, kept: dict[int, Membership]
 async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -> None:
     """Write the records `record_membership` could not, now that the evictors run (a pool
     reopened with a smaller capacity holds more than it may until they move objects out),
-    waiting for room up to `space_timeout`. A tier that still refuses fails the open with a
-    `DeviceError`: listed among this session's members without its record, it could later run
-    a session without the others under this session's number, which then read as this one, and
-    what that session deleted or overwrote came back from the others."""
+    waiting for room up to `space_timeout`. A tier that still refuses keeps its record
+    pending (`state.unrecorded`): each flush and the close try it again (`write_unrecorded`).
+    Listed among this session's members without its record, a tier could later run a session
+    without the others under this session's number, which then read as this one, and what
+    that session deleted or overwrote came back from the others; the open still goes on, as a
+    device that fails writes for a while must not make a cache that reads fine unopenable."""
     loop = asyncio.get_running_loop()
     for tier, record in failed.items():
         space = state.spaces[tier]
@@ -139,17 +141,37 @@ async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -
                 except TierFullError:
                     room = False
                 if not room:
-                    raise _refused(state, tier, exc) from None
+                    _pending(state, tier, record, exc)
+                    break
             except TierKVError as exc:
-                raise _refused(state, tier, exc) from None
+                _pending(state, tier, record, exc)
+                break
 
 
-def _dropped(state: EngineState, records: dict[int, Membership], tier: int, key: bytes) -> None:
+async def write_unrecorded(state: EngineState) -> None:
+    """Try the pending membership records again (a flush, the close)."""
+    for tier, record in list(state.unrecorded.items()):
+        try:
+            await _write(state, tier, record)
+        except TierKVError as exc:
+            log.warning("tier %s: this session's membership record is still not written: %s",
+                        state.names[tier], str(exc))
+        else:
+            state.unrecorded.pop(tier, None)
+
+
+def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError) -> None:
+    log.warning("tier %s: this session's membership record could not be written (tried again "
+                "at each flush and at close): %s", state.names[tier], str(exc))
+    state.unrecorded[tier] = record
+
+
+def _dropped(state: EngineState, records: dict[int, Membership], tier: int) -> None:
     """`tier` dropped an engine record on its own: this session's membership record is
     written again, in the background (close waits for it). Left dropped, the next open found
     the tier holding objects but no record, and refused it: a clean close, then a cache that
     would not open."""
-    if key == MEMBERSHIP_KEY and tier in records:
+    if tier in records:
         state.spawn(_write_again(state, tier, records[tier]))
 
 
@@ -157,14 +179,7 @@ async def _write_again(state: EngineState, tier: int, record: Membership) -> Non
     try:
         await _write(state, tier, record)
     except TierKVError as exc:
-        log.warning("tier %s dropped this session's membership record, and it could not be "
-                    "written again: %s", state.names[tier], str(exc))
-
-
-def _refused(state: EngineState, tier: int, exc: TierKVError) -> DeviceError:
-    return DeviceError(f"tier {state.names[tier]!r}: this session's membership record could not "
-                       f"be written ({exc}); the open is refused, lest a later session without "
-                       "the other tiers be taken for this one")
+        _pending(state, tier, record, exc)
 
 
 async def _write(state: EngineState, tier: int, record: Membership) -> None:

@@ -33,6 +33,7 @@ from tierkv.engine._tracing import Tracing, tracer_for
 from tierkv.engine.dag import Dag
 from tierkv.engine.stats import EngineCounters
 from tierkv.errors import DeviceError, EngineClosedError, TierUnavailableError
+from tierkv.formats.membership import Membership
 from tierkv.health import BreakerState
 from tierkv.keys import is_engine_key
 from tierkv.scheduler import Scheduler
@@ -94,9 +95,12 @@ class EngineState:
         self.tasks: set[asyncio.Task[None]] = set()
         #: the cleanup of cancelled writes (`CopyOps.scrub`), installed by the engine
         self.scrub: Scrub | None = None
-        #: told of an engine record a tier dropped on its own (a reclaim of the log that found
-        #: no room to keep it): `_membership` writes this session's record again
-        self.record_dropped: Callable[[int, bytes], None] | None = None
+        #: by engine record, told of the tier that dropped it on its own (a reclaim of the log
+        #: that found no room to keep it), which writes it again (`_membership`, at once) or
+        #: marks it unwritten (`_departed`, `_tombstones`: the next flush writes it)
+        self.record_dropped: dict[bytes, Callable[[int], None]] = {}
+        #: this session's membership records a tier has not taken yet, by tier (`_membership`)
+        self.unrecorded: dict[int, Membership] = {}
         self.keys = KeyGate(self._scrub, self.spawn, self._released)
         self.spaces = tuple(
             TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
@@ -179,8 +183,9 @@ class EngineState:
         the index forgets them; an engine record goes to `record_dropped`."""
         for key in keys:
             if is_engine_key(key):
-                if self.record_dropped is not None:
-                    self.record_dropped(tier, key)
+                listener = self.record_dropped.get(key)
+                if listener is not None:
+                    listener(tier)
                 continue
             entry = self.index.get(key)
             if entry is not None and tier in entry.locations:

@@ -48,6 +48,7 @@ class Tombstones:
         self._pending: dict[bytes, set[int]] = {}
         #: the bounds the record on media holds (last written, or found at open)
         self._recorded: dict[bytes, int] = {}
+        state.record_dropped[TOMBSTONES_KEY] = self._unrecorded
         #: the background retry in progress (`tick`), if any
         self._retrying: asyncio.Task[None] | None = None
         state.refused_delete = self.refused
@@ -124,6 +125,10 @@ class Tombstones:
                 del self._pending[key]
                 return None
             return st.index.issued if entry is None else entry.generation - 1
+
+    def _unrecorded(self, _tier: int) -> None:
+        """A tier dropped a copy of the record: the next flush writes it again."""
+        self._recorded = {}
 
     async def _record(self, bounds: dict[bytes, int]) -> None:
         st = self._st
