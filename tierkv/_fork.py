@@ -10,7 +10,9 @@ refused as in use (naming the parent, or a dead pid, as the holder) for as long 
 lived. So a child, at once after the fork (`os.register_at_fork`), points each such descriptor
 at /dev/null (the number stays valid: a close of it later closes nothing of the parent's), and
 the pool's mapping is not handed to children at all (``MADV_DONTFORK``): a child must not use
-its parent's engine, whose tiers are the parent's alone.
+its parent's engine, whose tiers are the parent's alone (one that reads through its parent's
+pmem tier is killed by SIGSEGV). A device-DAX pool's mapping, whose length the pool does not
+tell here, is still inherited, and with it the lock.
 """
 
 from __future__ import annotations

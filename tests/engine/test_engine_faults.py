@@ -6,6 +6,8 @@ kernel's read path (past the end of the file); objects in the other tiers stay s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import tierkv
 from tests.engine.test_hierarchy import hierarchy
+from tierkv.testing.faults import FaultPlan, open_with_faults
 
 
 async def test_nvme_read_failure_is_a_counted_miss(tmp_path: Path) -> None:
@@ -102,3 +105,32 @@ def test_a_log_whose_every_write_fails_opens_its_breaker(tmp_path: Path) -> None
     assert seen["failed"] == 120  # no persistent tier took them: none acknowledged
     assert seen["opened"] >= 1
     assert seen["device_errors"] >= 1
+
+
+async def test_puts_into_a_half_open_log_are_not_refused(tmp_path: Path) -> None:
+    """The log's breaker opened on failed flushes, the device healed, and the breaker turned
+    half-open: puts into the log append to memory and give no verdict, so they take no probe
+    slot (taking the one slot and giving it back, they left the breaker half-open for good and
+    refused every put made while one waited)."""
+    config = {"health": {"cooldown": "1s"},
+              "tiers": [{"name": "nvme", "kind": "nvme", "path": str(tmp_path / "tierkv.log"),
+                         "capacity": "64MiB", "region_size": "1MiB"}]}
+    plan = FaultPlan().add("nvme", "eio", rate=1.0, ops=["flush"])
+    kv = await open_with_faults(config, plan)
+    try:
+        for i in range(30):
+            await kv.put(f"early{i}", b"e" * 1000)
+            with contextlib.suppress(tierkv.DeviceError):
+                await kv.flush()
+            if kv.stats()["tiers"]["nvme"]["breaker"] == "open":
+                break
+        assert kv.stats()["tiers"]["nvme"]["breaker"] == "open"
+        plan.enabled = False
+        await asyncio.sleep(2.5)  # the cool-down, and the health watch's next look
+        assert kv.stats()["tiers"]["nvme"]["breaker"] == "half_open"
+        for round_ in range(10):
+            await asyncio.gather(*(kv.put(f"k{round_}-{i}", b"x" * 300_000) for i in range(16)))
+        await kv.flush()
+        assert await kv.get("k9-15") == b"x" * 300_000
+    finally:
+        await kv.close()

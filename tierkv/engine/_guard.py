@@ -12,9 +12,10 @@ Every call the engine makes into a tier goes through the tier's `Guard`, one of 
   falls through to the next tier; cut off at `slow_operation` like a read, and failed: the put
   writes the next tier instead, a move leaves its source in place. Into a *deferred* tier (the
   nvme log, whose puts append to a buffer in memory that a flush or the write-behind writes
-  out) a write that returned says nothing of the device, and counts nowhere: the flush that
-  covers it does. Counted as successes, appends outnumbered the failed flushes of a log whose
-  every write failed, and its breaker never opened. What the cut-off write may
+  out) a write counts nowhere, whether it returned or failed, and takes no probe slot while
+  the breaker is half-open (it is skipped only while it is open): the flush that covers it
+  gives the verdict. Counted as successes, appends outnumbered the failed flushes of a log
+  whose every write failed, and its breaker never opened. What the cut-off write may
   still leave in the tier (its IO finishing in the background) is the key's to scrub: the
   caller marked the tier dirty before the call (`_keys`), and the tier orders the scrub's
   delete after the put it cancelled.
@@ -98,15 +99,20 @@ class Guard:
     async def read(self, call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         if self._direct:
             return await call(*args, **kwargs)
-        return await self._cut_off(self._admit(), "a read", "read elsewhere", True, call,
-                                   *args, **kwargs)
+        return await self._cut_off(self._admit(), "a read", "read elsewhere", call, *args,
+                                   **kwargs)
 
     async def write(self, call: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
         if self._direct:
             return await call(*args, **kwargs)
-        return await self._cut_off(self._admit(), "a write", "write elsewhere",
-                                   not self._deferred, call, *args, **kwargs)
+        if self._deferred:  # no verdict either way, and no probe slot taken (the flush's)
+            if self.poll() is BreakerState.OPEN:
+                self._admit()  # raises, as for any call the open breaker skips
+            return await self._cut_off(None, "a write", "write elsewhere", call, *args,
+                                       **kwargs)
+        return await self._cut_off(self._admit(), "a write", "write elsewhere", call, *args,
+                                   **kwargs)
 
     async def delete(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -115,7 +121,7 @@ class Guard:
         if self._direct:
             return await call(*args, **kwargs)
         return await self._cut_off(self._allow(made_anyway=True), "a delete",
-                                   "it is retried", True, call, *args, **kwargs)
+                                   "it is retried", call, *args, **kwargs)
 
     async def insist(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -124,7 +130,7 @@ class Guard:
         foreground calls away from a failing device; a flush has nowhere else to go, and one
         that passed over a healed device still in its cool-down returned with nothing durable."""
         return await self._cut_off(self._allow(made_anyway=True), "a write",
-                                   "the flush fails", True, call, *args, **kwargs)
+                                   "the flush fails", call, *args, **kwargs)
 
     async def settle(self, call: Callable[P, Awaitable[T]], *args: P.args,
                      **kwargs: P.kwargs) -> T:
@@ -141,10 +147,9 @@ class Guard:
             self.breaker.success(permit, self._clock())
         return result
 
-    async def _cut_off(self, permit: Permit | None, what: str, then: str, verdict: bool,
+    async def _cut_off(self, permit: Permit | None, what: str, then: str,
                        call: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one
-        (a return only with `verdict`)."""
+        """`call`, cut off at `slow_operation`; its outcome recorded when `permit` is one."""
         breaker = self.breaker
         try:
             with self._cut_offs():
@@ -158,9 +163,7 @@ class Guard:
             if permit is not None:
                 self._report(permit, exc)
             raise
-        if permit is not None and not verdict:
-            breaker.cancel(permit)
-        elif permit is not None:
+        if permit is not None:
             # a call that was not cut off was not slow: the cut-off discounts the loop's own
             # stalls, which the breaker's clock cannot
             breaker.success(permit, self._clock(), slow=False)

@@ -168,16 +168,17 @@ def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError
 
 def _dropped(state: EngineState, records: dict[int, Membership], tier: int) -> None:
     """`tier` dropped an engine record on its own: this session's membership record is
-    written again, in the background (close waits for it). Left dropped, the next open found
-    the tier holding objects but no record, and refused it: a clean close, then a cache that
-    would not open."""
+    written again, in the background (close waits for it before it closes the tiers). Left
+    dropped, the next open found the tier holding objects but no record, and refused it: a
+    clean close, then a cache that would not open."""
     if tier in records:
         state.spawn(_write_again(state, tier, records[tier]))
 
 
 async def _write_again(state: EngineState, tier: int, record: Membership) -> None:
     try:
-        await _write(state, tier, record)
+        if not await state.tiers[tier].contains(MEMBERSHIP_KEY):  # not written since
+            await _write(state, tier, record)
     except TierKVError as exc:
         _pending(state, tier, record, exc)
 

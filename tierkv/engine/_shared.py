@@ -120,11 +120,13 @@ class Shared:
         self._forget = forget
         self.tier.fleet.set_listeners(self._remote, self._history_lost)  # no entry slips by
         await self._load_unpublished()
-        if len(self._st.index):
-            await self._catch_up(self.tier.fleet, forget)
-        await self.save_cursor()
+        # not after removing anything: a delete a device refused is on media only once a flush
+        # recorded it, and a crash before then must apply the entries again
+        if not len(self._st.index) or not await self._catch_up(self.tier.fleet, forget):
+            await self.save_cursor()
 
-    async def _catch_up(self, fleet: Fleet, forget: Forget) -> None:
+    async def _catch_up(self, fleet: Fleet, forget: Forget) -> bool:
+        """The recovered objects brought up to the log; whether anything was removed."""
         saved = await saved_cursor(self._st)
         cursor, epoch = saved if saved is not None else (0, None)
         reaches = cursor >= fleet.horizon and await fleet.reaches(cursor, epoch)
@@ -135,12 +137,14 @@ class Shared:
                         "this engine last ran: dropping the objects it recovered")
             self._st.counters.shared_recovered_dropped += len(self._st.index)
             await self._history_lost()
-            return
+            return True
         since = cursor if saved is not None else -1
         index, dag = self._st.index, self._st.dag
+        removed = 0
         for key, order in [(key, order) for key, order in fleet.tombs.items()
                            if order > since and (key in index or dag.has_children(key))]:
-            await forget(key, order)
+            removed += await forget(key, order)
+        return removed > 0
 
     async def save_cursor(self) -> None:
         """Keep this engine's position in the fleet's log in the persistent tiers (two where
@@ -374,7 +378,8 @@ class Shared:
     async def _history_lost(self, told: Sequence[bytes] = ()) -> None:
         """Drop what is held; `told`: invalidations the log may have lost, published again."""
         assert self._forget is not None
-        self._keep_unpublished(told)
+        # behind what this engine kept itself, which no other engine knows of, never past it
+        self._keep_unpublished(told[max(0, len(told) - MAX_UNPUBLISHED + len(self._unpublished)):])
         for key in self._st.index.key_list():
             await self._forget(key, None)
 

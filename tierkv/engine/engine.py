@@ -142,6 +142,7 @@ class Engine(ReadCalls, ObserveCalls):
             space.close()
         await self._background.stop()
         await self._executor.stop()
+        await st.drain_tasks()  # a record a tier dropped at the last flush, written again
         for tier in self.tiers:
             await tier.close()
 

@@ -19,9 +19,9 @@ Room for the checkpoint (`_reserve`): the log keeps `CheckpointReserve.needed` r
 rotation takes a FREE region for the head only if that many stay FREE, else it reclaims a
 victim, as a full log does. A put whose entry would make the checkpoint outgrow the FREE regions
 (the index grew, or its entries got smaller) first reclaims a victim into FREE
-(`_restore_reserve`): its hot entries go into the head as far as they fit, the rest are dropped,
-and a header of a new, empty use is written to it in the background (`RegionWrites.write_empty`)
-so that a scan never brings back what it held, while it waits, FREE, for the checkpoint.
+(`_restore_reserve`): its hot entries go into the head as far as they leave the put its room,
+the rest are dropped, and a header of a new, empty use is written to it in the background
+(`RegionWrites.write_empty`): no scan brings back what it held, while it waits for a checkpoint.
 """
 
 from __future__ import annotations
@@ -70,16 +70,15 @@ class RegionLog:
         self.place(key, meta, header, payload=payload, flags=flags, size=size)
 
     async def make_room(self, size: int, grows: int = 0) -> None:
-        """Rotate until the head has `size` bytes free (a second rotation keeps nothing: never
-        a loop), and keep FREE regions for a checkpoint grown by `grows` bytes (an entry the
-        index will hold, `CheckpointReserve.entry_bytes`); under the lock."""
+        """Rotate until the head has `size` bytes free (a second rotation keeps nothing: never a
+        loop), keeping FREE regions for a checkpoint grown by `grows` bytes; under the lock."""
         st, room = self._st, size
         while True:
             if st.head is None or st.head.used + size > st.config.region_size:
                 await self._rotate(room)
                 room = st.config.region_size
             elif grows and st.reserve.short(st.index, grows):
-                await self._restore_reserve()
+                await self._restore_reserve(keep=size)  # the room just made stays
             else:
                 return
 
@@ -300,15 +299,16 @@ class RegionLog:
         st.drop(dropped)
         return victim, hot
 
-    async def _restore_reserve(self) -> None:
+    async def _restore_reserve(self, keep: int) -> None:
         """Reclaim a victim into FREE, for the checkpoint; under the lock, with a head.
 
-        Its hot entries are copied into the head where they fit (the others are dropped), and
-        it gets a header of a new, empty use, written in the background: its old records are
-        stale on media then, as a reused region's are, and the regions shadowing it stop
-        waiting for it. Until it is reused its seq stays the old one (reads that began before
-        the reclaim check their entries against it). No sealed region eligible (each waits for
-        another): the reservation is `waived` until the next rotation.
+        Its hot entries go into the head where they leave `keep` bytes free (the room a put
+        rotated for: taken, a second rotation kept nothing of its victim, the engine's records
+        included), the others are dropped; it gets a header of a new, empty use, written in the
+        background: its old records are stale on media then, as a reused region's are, and the
+        regions shadowing it stop waiting for it. Until it is reused its seq stays the old one
+        (reads that began before the reclaim check their entries against it). No sealed region
+        eligible (each waits for another): the reservation is `waived` until the next rotation.
         """
         st = self._st
         await settle(st.sealing)  # as `_reclaim`: a region being written may be the victim due
@@ -322,7 +322,7 @@ class RegionLog:
         head, dropped = st.head, []
         for entry in hot:
             size = entry_size(len(entry.header), len(entry.payload), st.grain)
-            if head is not None and head.used + size <= st.config.region_size:
+            if head is not None and head.used + size + keep <= st.config.region_size:
                 self.place(entry.key, entry.meta, entry.header, payload=entry.payload,
                            flags=0, size=size)
                 st.counters["entries_reinserted"] += 1
