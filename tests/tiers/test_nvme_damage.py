@@ -82,19 +82,24 @@ async def served(tier: NvmeTier, i: int) -> bytes | None:
     return None if got is None else payload_bytes(got[1])
 
 
-async def superseding_log(directory: Path, regions: int) -> tuple[NvmeTier, set[int], set[int]]:
-    """Fill `regions - 2` regions with keys 0.., then delete some of the first region's keys
-    and overwrite others in the newest region, and flush. Returns the open tier, the deleted
-    keys and the overwritten ones."""
+async def superseding_log(directory: Path, regions: int, filled: int | None = None,
+                          after: int = 0) -> tuple[NvmeTier, set[int], set[int]]:
+    """Fill `filled` regions (`regions - 2` by default) with keys 0.., then delete some of the
+    first region's keys and overwrite others in the newest region, put `after` regions of
+    further keys, and flush. Returns the open tier, the deleted keys and the overwritten
+    ones."""
+    filled = regions - 2 if filled is None else filled
     tier = NvmeTier(nvme_config(directory, regions=regions, reinsert_hits=0))
     await tier.open()
-    for i in range(PER_REGION * (regions - 2)):
+    for i in range(PER_REGION * filled):
         await put(tier, i, old_value(i))
     deleted, overwritten = set(range(0, 40, 2)), set(range(1, 40, 2))
     for i in sorted(deleted):
         assert await tier.delete(key(i))
     for i in sorted(overwritten):
         await put(tier, i, NEW)
+    for i in range(PER_REGION * filled, PER_REGION * (filled + after)):
+        await put(tier, i, old_value(i))
     await tier.flush()
     return tier, deleted, overwritten
 
@@ -277,3 +282,47 @@ async def test_a_damaged_newest_record_never_brings_back_an_older_one(tmp_path: 
         assert again.stats()["checksum_failures"] >= len(deleted)
     finally:
         await again.close()
+
+
+async def test_a_damaged_header_of_an_older_region_brings_back_nothing_it_superseded(
+        tmp_path: Path) -> None:
+    """The header of a region that is not the newest destroyed (zeroed, or one bit flipped):
+    the scan cannot order its records, and skipped the region, so the values its overwrites
+    replaced and the keys its tombstones deleted came back. Each key its records name is
+    now a miss where its record found is older, and later scans agree until the region is
+    reclaimed."""
+    for damage in ("zero", "flip"):
+        directory = tmp_path / damage
+        directory.mkdir()
+        # regions of further keys after the superseding one: it is not the newest
+        tier, deleted, overwritten = await superseding_log(directory, regions=10, filled=4,
+                                                           after=2)
+        image = crash_image(directory)
+        await tier.close()
+        records = walk_records(image.read_bytes())
+        superseding = {record.region for record in records if record.flags == TOMBSTONE}
+        assert len(superseding) == 1
+        index = superseding.pop()
+        # the keys put after the superseding ones whose records lie in later regions
+        later = [i for i in range(PER_REGION * 4, PER_REGION * 6)
+                 if any(r.key == key(i) and r.region != index for r in records)]
+        assert len(later) > PER_REGION
+        assert index != max(region_seqs(image).items(), key=lambda item: item[1])[0]
+        if damage == "zero":
+            destroy_header(image, index)
+        else:
+            flip_byte(image, SUPERBLOCK_SIZE + index * REGION + 20, 0x04)
+        for _reopen in range(2):  # the second: a scan of what the first left, the region kept
+            again = NvmeTier(nvme_config(directory, regions=10, name=image.name))
+            await again.open()
+            try:
+                assert again.stats()["recovered_from"] == "scan"
+                await check_nothing_stale(again, deleted, overwritten, PER_REGION * 6)
+                assert again.stats()["regions_unidentified"] == 1
+                for i in later:  # newer than the damage
+                    assert await served(again, i) == old_value(i)
+            finally:
+                snapshot = directory / "snapshot.log"
+                shutil.copyfile(image, snapshot)  # as a crash leaves it: no checkpoint
+                await again.close()
+                shutil.copyfile(snapshot, image)

@@ -218,3 +218,43 @@ def scan_entries(data: bytes | bytearray, uuid: bytes, seq: int, alignment: int,
                                             prefix.flags == TOMBSTONE))
         offset += total
     return RegionEntries(used, tuple(entries), corrupt)
+
+
+@dataclass(frozen=True, slots=True)
+class UseKeys:
+    """What the records of a region whose header is lost still say (`keys_of_any_use`)."""
+
+    #: each key named, with the use (seq) of the newest record naming it
+    keys: dict[bytes, int]
+    newest_seq: int  # 0: no record of this log
+    #: the newest use with a record whose key no longer reads (0: none)
+    lost_seq: int
+
+
+def keys_of_any_use(data: bytes | bytearray, uuid: bytes, floor_seq: int, alignment: int,
+                    granularity: int) -> UseKeys:
+    """For a region whose header does not decode (a flipped bit, a zeroed block, a region of
+    another index written here): the keys named by the records in `data` of this log (`uuid`)
+    of any use from `floor_seq` on, whose prefix holds and whose object header decodes, each
+    with the newest use naming it. Nothing orders those uses against the rest of the log:
+    the scan takes each key as tombstoned as of that use."""
+    keys: dict[bytes, int] = {}
+    newest = lost = 0
+    view = memoryview(data)
+    offset = _next_candidate(data, alignment, granularity)
+    while offset + PREFIX.size <= len(data):
+        prefix = decode_prefix(data, offset, uuid)
+        if prefix is None or prefix.seq < floor_seq or prefix.flags not in _FLAGS:
+            offset = _next_candidate(data, offset + granularity, granularity)
+            continue
+        newest = max(newest, prefix.seq)
+        end = offset + PREFIX.size + prefix.body_len
+        if prefix.flags != PADDING:
+            try:
+                header, _len = decode_header(view[offset + PREFIX.size : min(end, len(data))])
+                keys[header.key] = max(keys.get(header.key, 0), prefix.seq)
+            except CorruptObjectError:
+                lost = max(lost, prefix.seq)
+        step = entry_size(0, prefix.body_len, granularity) if end <= len(data) else granularity
+        offset = _next_candidate(data, offset + step, granularity)
+    return UseKeys(keys, newest, lost)

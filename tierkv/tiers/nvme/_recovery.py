@@ -34,7 +34,7 @@ from tierkv.formats.nvme_layout import (
 from tierkv.tiers.nvme._checkpoint import CheckpointIO
 from tierkv.tiers.nvme._device import Device
 from tierkv.tiers.nvme._regions import RegionState
-from tierkv.tiers.nvme._scan import scan_regions
+from tierkv.tiers.nvme._scan import ScannedRegion, Unidentified, scan_regions
 from tierkv.tiers.nvme._state import LogState, log
 
 
@@ -193,7 +193,7 @@ class NvmeRecovery:
         st = self._st
         device, io, _s = st.dev_io()
         st.reset_index()
-        found = await scan_regions(io, st.pool, sb, device.size)
+        found, unidentified = await scan_regions(io, st.pool, sb, device.size)
         st.next_seq = max(st.next_seq, sb.newest_seq + 1, sb.floor_seq)
         if sb.newest_seq and not any(r.index == sb.newest_index and r.seq >= sb.newest_seq
                                      for r in found):
@@ -207,6 +207,7 @@ class NvmeRecovery:
             sb = replace(sb, floor_seq=sb.newest_seq,
                          newest_seq=newest.seq if newest is not None else 0,
                          newest_index=newest.index if newest is not None else 0)
+        found, sb = self._void_before_lost_keys(found, unidentified, sb)
         for scanned in found:
             st.next_seq = max(st.next_seq, scanned.seq + 1)
             st.counters["checksum_failures"] += scanned.found.corrupt
@@ -232,4 +233,50 @@ class NvmeRecovery:
                 else:
                     st.insert(entry.key, region, offset=entry.offset,
                               length=entry.length, meta=entry.meta, hits=0)
+        for lost in unidentified:
+            self._tombstone_unidentified(lost)
         return sb
+
+    def _void_before_lost_keys(self, found: list[ScannedRegion],
+                               unidentified: list[Unidentified], sb: Superblock
+                               ) -> tuple[list[ScannedRegion], Superblock]:
+        """A region whose header is lost holds a record of this log whose key no longer reads:
+        it may supersede records of that key in any older use, and nothing tells which: those
+        uses are dropped (as when the newest region is gone), by a floor recorded at once."""
+        st = self._st
+        cut = max((lost.used.lost_seq for lost in unidentified), default=0)
+        if cut <= sb.floor_seq:
+            return found, sb
+        void = sum(r.seq < cut for r in found)
+        log.error("%s: a region whose header is damaged holds a record of this log (seq %d) "
+                  "whose key is unreadable: the %d older regions cannot be ordered against "
+                  "it and are dropped", st.name, cut, void)
+        st.counters["regions_unordered"] += void
+        return [r for r in found if r.seq >= cut], replace(sb, floor_seq=cut)
+
+    def _tombstone_unidentified(self, lost: Unidentified) -> None:
+        """A region whose header is lost (a flipped bit, a zeroed block): its records cannot be
+        ordered against the rest of the log by the region, only by their own use, and each
+        may supersede an older record of its key (an overwrite, a tombstone): a key whose
+        record found elsewhere is older than the newest record naming it here is taken as
+        tombstoned (a miss, never a value an overwrite or delete replaced). Such a region stays
+        out of use, shadowing those records' regions, so that a later scan finds it again until
+        they are reclaimed; one that supersedes nothing found (what a reclaimed region's older
+        records, under a checkpoint written over its header, are) stays free, unreported."""
+        st = self._st
+        region = st.regions[lost.index]
+        st.next_seq = max(st.next_seq, lost.used.newest_seq + 1)  # no use of it is reissued
+        forgotten = 0
+        for key, seq in lost.used.keys.items():
+            found = st.index.get(key)
+            if found is not None and st.regions[found.region].seq < seq:
+                st.shadow(region, st.forget(key))
+                st.damaged.add(key)
+                forgotten += 1
+        if not forgotten:
+            return
+        region.state, region.seq = RegionState.SEALED, lost.used.newest_seq
+        region.used, region.header_written = st.config.region_size, True
+        st.counters["regions_unidentified"] += 1
+        log.error("%s: region %d's header is damaged; %d keys whose newer records it holds are "
+                  "dropped", st.name, lost.index, forgotten)

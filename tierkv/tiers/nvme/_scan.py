@@ -15,12 +15,15 @@ import asyncio
 from dataclasses import dataclass
 
 from tierkv.formats.nvme_layout import (
+    ENTRY_MAGIC,
     RegionEntries,
     Superblock,
+    UseKeys,
     decode_region_header,
+    keys_of_any_use,
     scan_entries,
 )
-from tierkv.tiers.nvme.io._aligned import AlignedPool
+from tierkv.tiers.nvme.io._aligned import AlignedBuffer, AlignedPool
 from tierkv.tiers.nvme.io._blockio import BlockIO
 
 _CHUNK = 1 << 20
@@ -51,12 +54,23 @@ async def read_range(io: BlockIO, pool: AlignedPool, offset: int, length: int,
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Unidentified:
+    """A region whose header does not decode, but whose records are this log's: what they
+    name (`keys_of_any_use`)."""
+
+    index: int
+    used: UseKeys
+
+
 async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
-                       ) -> list[ScannedRegion]:
-    """The valid regions, oldest first, each with its intact entries in log order; `end` is
-    the size of the media (nothing at or past it is read)."""
+                       ) -> tuple[list[ScannedRegion], list[Unidentified]]:
+    """The valid regions, oldest first, each with its intact entries in log order, and the
+    regions whose header is lost but which hold records of this log; `end` is the size of the
+    media (nothing at or past it is read)."""
     align = sb.alignment
     headers: list[tuple[int, int]] = []
+    lost: list[int] = []
     head = pool.acquire(align)
     try:
         for index in range(sb.region_count):
@@ -64,16 +78,44 @@ async def scan_regions(io: BlockIO, pool: AlignedPool, sb: Superblock, end: int
                 break  # regions lie in index order: this one and the rest are past the end
             await io.read(head, sb.region_offset(index), align)
             seq = decode_region_header(head.view, sb.uuid, index)
-            if seq is not None and seq >= sb.floor_seq:
+            if seq is None:
+                if await _holds_entries(io, head, sb, index, end):
+                    lost.append(index)
+            elif seq >= sb.floor_seq:
                 headers.append((seq, index))
     finally:
         pool.release(head)
     found = []
     for seq, index in sorted(headers):
-        offset = sb.region_offset(index)
-        length = min(sb.region_size, (end - offset) // align * align)
-        data = await read_range(io, pool, offset, length)
-        data.extend(bytes(sb.region_size - length))
+        data = await _read_region(io, pool, sb, index, end)
         found.append(ScannedRegion(index, seq, scan_entries(data, sb.uuid, seq, align,
                                                             sb.granularity)))
-    return found
+    unidentified = []
+    for index in lost:
+        used = keys_of_any_use(await _read_region(io, pool, sb, index, end), sb.uuid,
+                               sb.floor_seq, align, sb.granularity)
+        if used.newest_seq:
+            unidentified.append(Unidentified(index, used))
+    return found, unidentified
+
+
+async def _holds_entries(io: BlockIO, buf: AlignedBuffer, sb: Superblock, index: int,
+                         end: int) -> bool:
+    """Whether the first block after region `index`'s header holds an entry magic, where every
+    use starts writing: a region never used (zeros) is not read whole at each scan for its
+    records; `buf` is a block's buffer."""
+    offset = sb.region_offset(index) + sb.alignment
+    if offset + sb.alignment > end:
+        return False
+    await io.read(buf, offset, sb.alignment)
+    return ENTRY_MAGIC in bytes(buf.view[: sb.alignment])
+
+
+async def _read_region(io: BlockIO, pool: AlignedPool, sb: Superblock, index: int, end: int
+                       ) -> bytearray:
+    """Region `index` whole, what lies past the media's `end` as zeros."""
+    offset = sb.region_offset(index)
+    length = min(sb.region_size, (end - offset) // sb.alignment * sb.alignment)
+    data = await read_range(io, pool, offset, length)
+    data.extend(bytes(sb.region_size - length))
+    return data

@@ -114,6 +114,7 @@ class LogState:
         self.counters = {"checksum_failures": 0, "bytes_read": 0, "bytes_written": 0,
                          "regions_reclaimed": 0, "entries_reinserted": 0, "entries_dropped": 0,
                          "checkpoint_skipped": 0, "regions_unordered": 0,
+                         "regions_unidentified": 0,
                          "tombstones_applied": 0,
                          "reserve_reclaims": 0}
 

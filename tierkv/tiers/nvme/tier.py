@@ -77,7 +77,9 @@ opened records the head in the superblock, after its sync (a superblock write an
 region; 64 KiB puts, a flush every 1 MiB: -4% fill rate at 16 MiB regions, -13% at 1 MiB). A scan
 not finding that region (or a newer use of its index) drops every older region, as nothing tells
 which of their records were superseded, keeps the newer ones and records a floor so later scans
-agree (``regions_unordered``; see `_recovery`). Damage to older regions alone goes undetected.
+agree (``regions_unordered``; see `_recovery`). An older region whose header is destroyed
+makes each key its records name a miss where older (``regions_unidentified``); a region
+rolled back to an older intact copy of itself goes undetected.
 Media shorter than the log opens with what is left: regions past its end are empty.
 When free regions cannot hold the checkpoint at close (a log too small for the reservation, one
 whose every sealed region waited for another when it was to be restored, or writing it fails),
