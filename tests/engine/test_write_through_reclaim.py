@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 import tierkv
 from tests.engine._configs import KiB, MiB, hierarchy_config
 from tierkv.errors import TierFullError
@@ -48,3 +50,22 @@ async def test_a_copy_reclaimed_before_its_flush_is_not_a_device_error(tmp_path:
                 assert got == value(key, held)
             elif got is not None:
                 assert got in [value(key, r) for r in range(5)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lru++"])
+async def test_the_log_keeps_the_last_durable_copy_of_what_the_first_tier_serves(
+        tmp_path: Path, policy: str) -> None:
+    """Under `lru` the log's reclaim went by its own rule and dropped the only durable copy of
+    objects the gpu tier still served: `unflushed` rose above 0 under write-through, and a
+    crash then lost those acknowledged puts."""
+    config = hierarchy_config(tmp_path, ("gpu", "nvme"), write_policy="write_through",
+                              gpu={"capacity": 2 * MiB, "slot_size": 64 * KiB, "ttl": "1h"},
+                              nvme={"capacity": 4 * MiB + 4 * KiB})
+    config["scheduler"] = {"policy": policy}
+    async with tierkv.open(config) as kv:
+        for i in range(80):
+            await kv.put(f"k{i}", bytes([i]) * 57_600)
+            for j in range(0, i, 7):  # the early keys stay hot in the gpu tier
+                await kv.get(f"k{j}")
+        await kv.settle()
+        assert kv.metrics().unflushed == 0
