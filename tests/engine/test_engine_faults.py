@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import tierkv
+from tests.engine._configs import hierarchy_config
 from tests.engine.test_hierarchy import hierarchy
 from tierkv.testing.faults import FaultPlan, open_with_faults
 
@@ -132,5 +133,32 @@ async def test_puts_into_a_half_open_log_are_not_refused(tmp_path: Path) -> None
             await asyncio.gather(*(kv.put(f"k{round_}-{i}", b"x" * 300_000) for i in range(16)))
         await kv.flush()
         assert await kv.get("k9-15") == b"x" * 300_000
+    finally:
+        await kv.close()
+
+
+async def test_settle_returns_after_the_logs_breaker_changed_state(tmp_path: Path) -> None:
+    """A breaker leaving the open state cues its tier's evictor; the log has none (it
+    reclaims its own space), so its cue stayed set and `settle` spun the loop for good."""
+    config = hierarchy_config(tmp_path, ("gpu", "pmem", "nvme"),
+                              gpu={"capacity": 256 << 10, "slot_size": 64 << 10, "ttl": "100ms"},
+                              pmem={"ttl": "100ms"})
+    config["health"] = {"window": "5s", "cooldown": "1s", "close_after": 1}
+    plan = FaultPlan().add("nvme", "eio", rate=1.0, ops=["get"])
+    plan.enabled = False
+    kv = await open_with_faults(config, plan)
+    try:
+        for i in range(30):
+            await kv.put(f"k{i}", bytes([i]) * 60_000)
+        await asyncio.sleep(1.5)  # the TTLs take them down into the log
+        await asyncio.wait_for(kv.settle(), 10)
+        plan.enabled = True
+        for _ in range(3):
+            for i in range(30):
+                await kv.get(f"k{i}")
+        plan.enabled = False
+        assert kv.stats()["tiers"]["nvme"]["breaker_opened"] >= 1
+        await asyncio.sleep(2.5)  # the cool-down: the health watch turns it half-open
+        await asyncio.wait_for(kv.settle(), 10)
     finally:
         await kv.close()

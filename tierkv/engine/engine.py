@@ -369,7 +369,8 @@ class Engine(ReadCalls, ObserveCalls):
                     await st.drain_tasks()
                 elif executor.departing:  # what the evictors planned for the cues
                     await executor.drain_departures()
-                elif not any(space.cue.is_set() for space in st.spaces):
+                elif not any(space.cue.is_set() for space in st.spaces  # no evictor: no cue
+                             if space.watermarks is not None):  # is ever taken (the log's)
                     return
 
     # -- pins ------------------------------------------------------------------------------------
