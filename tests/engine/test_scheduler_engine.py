@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import tierkv
-from tests.engine._configs import KiB, MiB, gpu_tier, nvme_tier, pmem_tier
+from tests.engine._configs import KiB, MiB, gpu_tier, hierarchy_config, nvme_tier, pmem_tier
 from tierkv import BlockKey, Engine, Key, block_keys
 
 #: the gpu ttl of the expiry tests, and real seconds that cover several expiry passes of it
@@ -553,3 +553,19 @@ async def test_expiry_into_a_log_with_dead_entries_drops_nothing(tmp_path: Path)
         after = kv.stats()["engine"]
         assert after["expired"] > 0
         assert after["drops"] == before["drops"], "expiry pushed objects out of the cache"
+
+
+async def test_admission_counts_the_demotions_it_let_in_not_the_plans_tried(
+        tmp_path: Path) -> None:
+    """Idle objects with no room below stay where they are; each expiry tick planned their
+    demotion again and counted it as admitted (2,068 'admitted' for 12 demotions)."""
+    config = hierarchy_config(tmp_path, ("gpu", "pmem"),
+                              gpu={"capacity": 4 << 20, "slot_size": 64 << 10, "ttl": "100ms"},
+                              pmem={"free_low": 0.9, "free_high": 0.9})
+    async with tierkv.open(config) as kv:
+        for i in range(40):
+            await kv.put(f"k{i}", bytes([i]) * 60_000)
+        await asyncio.sleep(2.0)  # twenty expiry ticks
+        pmem = next(tier for tier in kv.metrics().tiers if tier.name == "pmem")
+        assert pmem.demotions > 0 and pmem.admission is not None
+        assert pmem.admission.admitted == pmem.demotions

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections.abc import Sequence
+
+from tierkv.config import Admission, SchedulerConfig
+from tierkv.scheduler.placement import TierShape
 
 _ROWS = 4
 
@@ -81,12 +85,21 @@ class AdaptiveAdmission:
             self._climb(self._hits / self._lookups)
             self._lookups = self._hits = 0
 
-    def admit(self, key: bytes) -> bool:
-        ok = self.threshold == 0 or self.sketch.estimate(key) >= self.threshold
-        if ok:
+    def admits(self, key: bytes) -> bool:
+        """Whether a demotion of `key` is let in now; counted only by `count`, once the plan
+        it decides is made (an expiry's plan that finds no room is not)."""
+        return self.threshold == 0 or self.sketch.estimate(key) >= self.threshold
+
+    def count(self, admitted: bool) -> None:
+        if admitted:
             self.admitted += 1
         else:
             self.rejected += 1
+
+    def admit(self, key: bytes) -> bool:
+        """`admits`, counted."""
+        ok = self.admits(key)
+        self.count(ok)
         return ok
 
     def _climb(self, ratio: float) -> None:
@@ -111,3 +124,13 @@ class AdaptiveAdmission:
         self._step = target - self.threshold
         self.threshold = target
         self._previous = ratio
+
+
+def filters_for(tiers: Sequence[TierShape], capacities: Sequence[int] | None,
+                config: SchedulerConfig) -> dict[int, AdaptiveAdmission]:
+    """A filter in front of each persistent tier but the first (index -> filter)."""
+    sizes = capacities if capacities is not None else [1 << 30] * len(tiers)
+    # objects of 16 KiB as the unit of the sketch's width: it need not be exact
+    return {index: AdaptiveAdmission(max(sizes[index] // 16384, 1),
+                                     adaptive=config.admission is Admission.ADAPTIVE)
+            for index, tier in enumerate(tiers) if tier.persistent and index > 0}

@@ -22,9 +22,9 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
-from tierkv.config import Admission, EvictionPolicy, SchedulerConfig
+from tierkv.config import EvictionPolicy, SchedulerConfig
 from tierkv.keys import is_engine_key
-from tierkv.scheduler.admission import AdaptiveAdmission
+from tierkv.scheduler.admission import filters_for
 from tierkv.scheduler.lineage import Lineage
 from tierkv.scheduler.lru import LruPolicy
 from tierkv.scheduler.lrupp import ScoredPolicy
@@ -100,15 +100,7 @@ class Scheduler:
         #: each tier's access profile, set by the engine once measured (`select_tier`)
         self.profiles: tuple[TierProfile, ...] | None = None
         #: admission filters of the persistent tiers (index -> filter), `lru++` only
-        self.admission: dict[int, AdaptiveAdmission] = {}
-        if self.scored:
-            sizes = capacities if capacities is not None else [1 << 30] * len(self._tiers)
-            for index, tier in enumerate(self._tiers):
-                if tier.persistent and index > 0:
-                    # objects of 16 KiB as the unit of the sketch's width: it need not be exact
-                    self.admission[index] = AdaptiveAdmission(
-                        max(sizes[index] // 16384, 1),
-                        adaptive=config.admission is Admission.ADAPTIVE)
+        self.admission = filters_for(self._tiers, capacities, config) if self.scored else {}
 
     # -- events ------------------------------------------------------------------------------
     def admitted(self, tier: int, key: bytes, now: float, parents: Sequence[bytes] = ()) -> None:
@@ -230,12 +222,15 @@ class Scheduler:
             copies = lookup(key)
             if protected(key) or copies is None or tier not in copies.locations:
                 continue
-            plan = self._depart(tier, copies, idle_since=cutoff)
+            decided: list[tuple[int, bool]] = []
+            plan = self._depart(tier, copies, idle_since=cutoff, decided=decided)
             if room is not None and isinstance(plan, Demote):
                 needs = self._tiers[plan.target].footprint(copies.nbytes)
                 if free[plan.target] < needs:
                     continue  # nowhere to go without evicting another object: stay
                 free[plan.target] -= needs
+            for target, admitted in decided:  # counted for the plans made only
+                self.admission[target].count(admitted)
             plans.append(plan)
         return plans
 
@@ -249,14 +244,15 @@ class Scheduler:
             return True  # the evictor's: the tier needs the room, idle or not
         return self.policies[departs_from(plan)].idle_since(plan.key, plan.idle_since)
 
-    def _depart(self, tier: int, copies: Copies, *, idle_since: float | None = None
-                ) -> Departure:
+    def _depart(self, tier: int, copies: Copies, *, idle_since: float | None = None,
+                decided: list[tuple[int, bool]] | None = None) -> Departure:
         key, generation, nbytes = copies.key, copies.generation, copies.nbytes
         shared = self.shared
         if any(location > tier and location != shared for location in copies.locations):
             return Evict(key, generation, nbytes, tier, idle_since)
         target = demotion_target(self._tiers, tier, nbytes, self.usable)
-        while target is not None and target != shared and not self._admits(target, key):
+        while target is not None and target != shared and not self._admits(target, key,
+                                                                              decided):
             target = demotion_target(self._tiers, target, nbytes, self.usable)
         if target is not None and target == shared and shared in copies.locations:
             # the shared tier has it already: leaving the local tiers is all there is to do
@@ -265,11 +261,14 @@ class Scheduler:
             return Drop(key, generation, nbytes, tier, idle_since)
         return Demote(key, generation, nbytes, tier, target, idle_since)
 
-    def _admits(self, tier: int, key: bytes) -> bool:
+    def _admits(self, tier: int, key: bytes, decided: list[tuple[int, bool]] | None) -> bool:
         if self.scored and (score := self.book.get(key)) is not None and score.orphan:
             return False  # no prefix lookup can reach it: not worth a write
         admission = self.admission.get(tier)
-        return admission is None or admission.admit(key)
+        if admission is None or decided is None:  # where no list is given, counted at once
+            return admission is None or admission.admit(key)
+        decided.append((tier, admission.admits(key)))
+        return decided[-1][1]
 
     def reclaim_worth(self, tier: int, key: bytes) -> float | None:
         """What copying `key`'s entry forward is worth to a tier that reclaims whole regions
