@@ -262,3 +262,61 @@ async def test_a_record_refused_at_open_is_written_by_a_later_flush(tmp_path: Pa
         await kv.delete("k")
     with pytest.raises(DeviceError, match="'pmem'"):  # it sat the log-only session out
         await tierkv.open(both)
+
+
+def write_through(tmp_path: Path, kinds: tuple[str, ...]) -> dict[str, Any]:
+    config = hierarchy_config(tmp_path, kinds, write_policy="write_through",
+                              pmem={"capacity": "16MiB"}, nvme={"capacity": "32MiB"})
+    return config
+
+
+async def test_a_session_no_tier_takes_the_record_of_is_refused(tmp_path: Path) -> None:
+    """The log alone refuses every put (ENOSPC): no tier would record that the session ran, and
+    with the log's older record matching the pool's, the next open of both took the pool as
+    current and served what the log-only session deleted. Such an open is now refused."""
+    async with tierkv.open(write_through(tmp_path, ("nvme", "pmem"))) as kv:
+        await kv.put("k", b"old" * 1000)
+    async with tierkv.open(write_through(tmp_path, ("pmem", "nvme"))) as kv:
+        assert await kv.get("k") == b"old" * 1000  # a copy in the pool too
+        await kv.settle()
+    plan = FaultPlan().add("nvme", "enospc", rate=1.0, ops=["put"])
+    with pytest.raises(DeviceError, match="no persistent tier took"):
+        await open_with_faults(write_through(tmp_path, ("nvme",)), plan)
+    async with tierkv.open(write_through(tmp_path, ("pmem", "nvme"))) as kv:
+        assert await kv.get("k") == b"old" * 1000  # nothing was deleted
+
+
+async def test_a_tier_refusing_its_record_for_a_session_is_refused_after_one_without_it(
+        tmp_path: Path) -> None:
+    """The pool refuses every put for a whole session with the log: it kept its older record
+    while the log's listed it as a member; a later session of the pool alone took its number
+    from that older record, the same as the log's, and after it both were taken and the log
+    served what the pool-only session deleted. The pool's older record is now deleted when
+    it refuses the new one, so the pool is refused until a session records it."""
+    async with tierkv.open(write_through(tmp_path, ("nvme", "pmem"))) as kv:
+        await kv.put("k", b"old" * 1000)
+        await kv.put("other", b"kept" * 1000)
+    async with tierkv.open(write_through(tmp_path, ("pmem", "nvme"))) as kv:
+        assert await kv.get_many(["k", "other"]) == [b"old" * 1000, b"kept" * 1000]
+        await kv.settle()  # copies in the pool too
+    plan = FaultPlan().add("pmem", "eio", rate=1.0, ops=["put"])
+    kv = await open_with_faults(write_through(tmp_path, ("pmem", "nvme")), plan)
+    await kv.close()
+    async with tierkv.open(write_through(tmp_path, ("pmem",))) as kv:
+        await kv.delete("k")
+    with pytest.raises(DeviceError, match="'pmem'"):
+        await tierkv.open(write_through(tmp_path, ("nvme", "pmem")))
+
+
+async def test_two_tiers_each_run_alone_are_not_both_taken(tmp_path: Path) -> None:
+    """A lone persistent tier keeps no record: two run alone, then together, were both taken,
+    and their copies of a key, numbered per tier, were settled by generation: the log's older
+    value won over the pool's newer one."""
+    async with tierkv.open(write_through(tmp_path, ("nvme",))) as kv:
+        for key in ("x", "y"):
+            await kv.put(key, b"filler" * 100)
+        await kv.put("k", b"older" * 100)
+    async with tierkv.open(write_through(tmp_path, ("pmem",))) as kv:
+        await kv.put("k", b"newer" * 100)
+    with pytest.raises(DeviceError, match="neither has a record"):
+        await tierkv.open(write_through(tmp_path, ("pmem", "nvme")))

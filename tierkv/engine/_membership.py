@@ -16,6 +16,9 @@ delete the newer one):
 - any other tier sat that session out (or ran before records were kept, beside one that has
   one): with ``format = false`` the open is refused with a `DeviceError` naming it and how to
   clear it; with ``format = true`` everything it holds is deleted and synced first;
+- where no tier has a record but several hold objects (each ran alone, and a lone persistent
+  tier keeps none), the first that holds any is taken and the others are refused or cleared
+  the same way: their copies, numbered per tier, cannot be ordered;
 - so is a tier whose record is damaged (it failed its checksum, whether the tier found it so
   at open, `Tier.damaged_at_open`, or at the read here), with a refusal that says so: its id
   was in that record, so the others' records cannot vouch for it.
@@ -57,6 +60,8 @@ class _Found:
     record: Membership | None
     holds: bool
     damaged: bool = False
+    #: the tier taken instead, where neither has a record (`settle_membership`)
+    unordered: str = ""
 
 
 async def settle_membership(state: EngineState, recovered: list[list[RecoveredObject]]
@@ -68,9 +73,15 @@ async def settle_membership(state: EngineState, recovered: list[list[RecoveredOb
     found = [await _read(state, tier, recovered[tier]) for tier in _local(state)]
     records = [each.record for each in found if each.record is not None]
     latest = max(records, key=lambda record: record.seq, default=None)
+    # no record anywhere, yet several tiers hold objects: each ran alone (a lone persistent
+    # tier keeps no record), and their copies, numbered per tier, cannot be ordered; the first
+    # is taken (settled by generation, a tier's older values won over the other's newer ones)
+    first_holder = next((each.tier for each in found if each.holds), None)
     kept: dict[int, Membership] = {}
     for each in found:
-        if _current(each, latest):
+        if latest is None and each.holds and each.tier != first_holder:
+            each.unordered = state.names[first_holder] if first_holder is not None else ""
+        elif _current(each, latest):
             if each.record is not None:
                 kept[each.tier] = each.record
             continue
@@ -121,13 +132,12 @@ async def record_membership(state: EngineState, kept: dict[int, Membership]
 async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -> None:
     """Write the records `record_membership` could not, now that the evictors run (a pool
     reopened with a smaller capacity holds more than it may until they move objects out),
-    waiting for room up to `space_timeout`. A tier that still refuses keeps its record
-    pending (`state.unrecorded`): each flush and the close try it again (`write_unrecorded`).
-    Listed among this session's members without its record, a tier could later run a session
-    without the others under this session's number, which then read as this one, and what
-    that session deleted or overwrote came back from the others; the open still goes on, as a
-    device that fails writes for a while must not make a cache that reads fine unopenable."""
+    waiting for room up to `space_timeout`. Where no tier takes its record, the open fails
+    with a `DeviceError`: nothing would say the session ran. Otherwise a tier that still
+    refuses keeps its record pending (`_pending`), and the open goes on: a device that fails
+    writes for a while must not make a cache that reads fine unopenable."""
     loop = asyncio.get_running_loop()
+    refused: dict[int, TierKVError] = {}
     for tier, record in failed.items():
         space = state.spaces[tier]
         deadline = loop.time() + space.timeout
@@ -141,11 +151,18 @@ async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -
                 except TierFullError:
                     room = False
                 if not room:
-                    _pending(state, tier, record, exc)
+                    refused[tier] = exc
                     break
             except TierKVError as exc:
-                _pending(state, tier, record, exc)
+                refused[tier] = exc
                 break
+    if refused and len(refused) == len(_local(state)):
+        first, why = next(iter(refused.items()))
+        raise DeviceError(f"no persistent tier took this session's membership record (tier "
+                          f"{state.names[first]!r}: {why}): the open is refused, as what the "
+                          "session deleted or overwrote could come back after it")
+    for tier, why in refused.items():
+        await _pending(state, tier, failed[tier], why)
 
 
 async def write_unrecorded(state: EngineState) -> None:
@@ -160,10 +177,27 @@ async def write_unrecorded(state: EngineState) -> None:
             state.unrecorded.pop(tier, None)
 
 
-def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError) -> None:
+async def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError
+                   ) -> None:
+    """`tier` did not take `record`: kept to be tried again at each flush and at close, and
+    the tier's older record deleted meanwhile, so that until then the next open refuses the
+    tier as holding objects but no record: kept, the older record made a later session of
+    that tier alone read as this one (its number taken from it), and what that session
+    deleted came back from the others."""
     log.warning("tier %s: this session's membership record could not be written (tried again "
                 "at each flush and at close): %s", state.names[tier], str(exc))
     state.unrecorded[tier] = record
+    device, guard = state.tiers[tier], state.guards[tier]
+    try:
+        await guard.delete(device.delete, MEMBERSHIP_KEY)
+        await guard.settle(device.flush)
+    except TierKVError as failed:
+        log.error("tier %s: its older membership record could not be deleted either (%s): a "
+                  "later session of it alone may be taken for this one", state.names[tier],
+                  str(failed))
+        return
+    if tier in state.own.get(MEMBERSHIP_KEY, []):
+        state.own[MEMBERSHIP_KEY].remove(tier)
 
 
 def _dropped(state: EngineState, records: dict[int, Membership], tier: int) -> None:
@@ -180,7 +214,7 @@ async def _write_again(state: EngineState, tier: int, record: Membership) -> Non
         if not await state.tiers[tier].contains(MEMBERSHIP_KEY):  # not written since
             await _write(state, tier, record)
     except TierKVError as exc:
-        _pending(state, tier, record, exc)
+        await _pending(state, tier, record, exc)
 
 
 async def _write(state: EngineState, tier: int, record: Membership) -> None:
@@ -219,6 +253,10 @@ def _why(found: _Found) -> str:
         return ("its record of the sessions it took part in is damaged (it failed its "
                 "checksum), so nothing tells whether the hierarchy ran without it since: what "
                 "it holds may have been overwritten or deleted meanwhile")
+    if found.unordered:
+        return (f"it and tier {found.unordered!r} both hold objects and neither has a record of "
+                "the sessions it took part in: each ran without the other, and nothing tells "
+                "which holds the newer values")
     if found.record is None:
         return ("it holds objects but no record of the sessions it took part in, which the "
                 "other tiers have: the hierarchy ran without it since it last took part, it "
