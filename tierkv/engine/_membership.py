@@ -11,8 +11,10 @@ delete the newer one):
 
 - the latest session is the highest number any record holds (of two sessions with the same
   number, each run without the other's tier, the first tier's in the hierarchy's order);
-- a tier is current if its record names that session, or the session opened with it (a crash
-  cut short the writing of the records, before anything was served), or it holds nothing;
+- a tier is current if its record names that session, or the session opened with it (its
+  record is older and it is among that session's members: a crash cut short the writing of
+  the records, or its write failed; one of the same number as the latest is another session,
+  run alone from that older record), or it holds nothing;
 - any other tier sat that session out (or ran before records were kept, beside one that has
   one): with ``format = false`` the open is refused with a `DeviceError` naming it and how to
   clear it; with ``format = true`` everything it holds is deleted and synced first;
@@ -76,10 +78,10 @@ async def settle_membership(state: EngineState, recovered: list[list[RecoveredOb
     # no record anywhere, yet several tiers hold objects: each ran alone (a lone persistent
     # tier keeps no record), and their copies, numbered per tier, cannot be ordered; the first
     # is taken (settled by generation, a tier's older values won over the other's newer ones)
-    first_holder = next((each.tier for each in found if each.holds), None)
+    first_holder = next((each.tier for each in found if each.holds and not each.damaged), None)
     kept: dict[int, Membership] = {}
     for each in found:
-        if latest is None and each.holds and each.tier != first_holder:
+        if latest is None and each.holds and not each.damaged and each.tier != first_holder:
             each.unordered = state.names[first_holder] if first_holder is not None else ""
         elif _current(each, latest):
             if each.record is not None:
@@ -132,10 +134,11 @@ async def record_membership(state: EngineState, kept: dict[int, Membership]
 async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -> None:
     """Write the records `record_membership` could not, now that the evictors run (a pool
     reopened with a smaller capacity holds more than it may until they move objects out),
-    waiting for room up to `space_timeout`. Where no tier takes its record, the open fails
-    with a `DeviceError`: nothing would say the session ran. Otherwise a tier that still
-    refuses keeps its record pending (`_pending`), and the open goes on: a device that fails
-    writes for a while must not make a cache that reads fine unopenable."""
+    waiting for room up to `space_timeout`. Where the one local persistent tier takes none,
+    the open fails with a `DeviceError`: nothing would say the session ran, and the tiers that
+    sat it out would be taken after it. Otherwise a tier that still refuses keeps its record
+    pending (`_pending`), and the open goes on: a device that fails writes for a while must not
+    make a cache that reads fine unopenable."""
     loop = asyncio.get_running_loop()
     refused: dict[int, TierKVError] = {}
     for tier, record in failed.items():
@@ -156,13 +159,13 @@ async def insist_on_records(state: EngineState, failed: dict[int, Membership]) -
             except TierKVError as exc:
                 refused[tier] = exc
                 break
-    if refused and len(refused) == len(_local(state)):
+    if refused and len(refused) == len(_local(state)) == 1:
         first, why = next(iter(refused.items()))
         raise DeviceError(f"no persistent tier took this session's membership record (tier "
                           f"{state.names[first]!r}: {why}): the open is refused, as what the "
                           "session deleted or overwrote could come back after it")
     for tier, why in refused.items():
-        await _pending(state, tier, failed[tier], why)
+        _pending(state, tier, failed[tier], why)
 
 
 async def write_unrecorded(state: EngineState) -> None:
@@ -177,27 +180,14 @@ async def write_unrecorded(state: EngineState) -> None:
             state.unrecorded.pop(tier, None)
 
 
-async def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError
-                   ) -> None:
-    """`tier` did not take `record`: kept to be tried again at each flush and at close, and
-    the tier's older record deleted meanwhile, so that until then the next open refuses the
-    tier as holding objects but no record: kept, the older record made a later session of
-    that tier alone read as this one (its number taken from it), and what that session
-    deleted came back from the others."""
+def _pending(state: EngineState, tier: int, record: Membership, exc: TierKVError) -> None:
+    """`tier` did not take `record`: kept to be tried again at each flush and at close. Until
+    then the tier's older record stands, listed among this session's members by the others'
+    records; a later session of that tier alone may take this session's number from it, which
+    `_current` tells apart (a member's older record must be older than the latest session)."""
     log.warning("tier %s: this session's membership record could not be written (tried again "
                 "at each flush and at close): %s", state.names[tier], str(exc))
     state.unrecorded[tier] = record
-    device, guard = state.tiers[tier], state.guards[tier]
-    try:
-        await guard.delete(device.delete, MEMBERSHIP_KEY)
-        await guard.settle(device.flush)
-    except TierKVError as failed:
-        log.error("tier %s: its older membership record could not be deleted either (%s): a "
-                  "later session of it alone may be taken for this one", state.names[tier],
-                  str(failed))
-        return
-    if tier in state.own.get(MEMBERSHIP_KEY, []):
-        state.own[MEMBERSHIP_KEY].remove(tier)
 
 
 def _dropped(state: EngineState, records: dict[int, Membership], tier: int) -> None:
@@ -214,7 +204,7 @@ async def _write_again(state: EngineState, tier: int, record: Membership) -> Non
         if not await state.tiers[tier].contains(MEMBERSHIP_KEY):  # not written since
             await _write(state, tier, record)
     except TierKVError as exc:
-        await _pending(state, tier, record, exc)
+        _pending(state, tier, record, exc)
 
 
 async def _write(state: EngineState, tier: int, record: Membership) -> None:
@@ -239,8 +229,12 @@ def _current(found: _Found, latest: Membership | None) -> bool:
     if latest is None or not found.holds:
         return True
     record = found.record
+    # a member whose own record is older: its write in the latest session failed, or a crash cut
+    # the writing of the records short; one of the same number is another session, run alone
+    # from that older record, which the latest one's tiers sat out
     return record is not None and (record.session == latest.session
-                                   or record.tier in latest.members)
+                                   or (record.tier in latest.members
+                                       and record.seq < latest.seq))
 
 
 def _why(found: _Found) -> str:

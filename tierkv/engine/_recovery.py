@@ -70,7 +70,7 @@ def listen_to_tiers(state: EngineState) -> None:
         tier.set_space_listener(state.spaces[index].freed)
         if tier.reclaims_space:
             # which copies a reclaimed region keeps is policy (`lru`: the tier's own rule, but
-            # for the engine's records)
+            # for the engine's records and the last durable copies, `_reclaim_worth`)
             tier.set_reclaim_worth(functools.partial(_reclaim_worth, state, index))
 
 
