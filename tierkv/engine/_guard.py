@@ -73,7 +73,7 @@ class Guard:
                  direct: bool = False, deferred: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._index = index
-        #: a write that returned is no verdict on the device (the module docstring)
+        #: a write, returned or failed, is no verdict on the device (the module docstring)
         self._deferred = deferred
         #: reads, writes and deletes go straight to the tier, past the breaker and uncut: a tier
         #: that does no device IO (the gpu slot pool, whose calls are copies) raises no
@@ -108,7 +108,7 @@ class Guard:
             return await call(*args, **kwargs)
         if self._deferred:  # no verdict either way, and no probe slot taken (the flush's)
             if self.poll() is BreakerState.OPEN:
-                self._admit()  # raises, as for any call the open breaker skips
+                raise self._unavailable()
             return await self._cut_off(None, "a write", "write elsewhere", call, *args,
                                        **kwargs)
         return await self._cut_off(self._admit(), "a write", "write elsewhere", call, *args,
@@ -178,9 +178,12 @@ class Guard:
     def _admit(self) -> Permit:
         permit = self._allow()
         if permit is None:
-            raise TierUnavailableError(f"tier {self.name!r} is unavailable (its circuit breaker "
-                                       "is open)")
+            raise self._unavailable()
         return permit
+
+    def _unavailable(self) -> TierUnavailableError:
+        return TierUnavailableError(f"tier {self.name!r} is unavailable (its circuit breaker "
+                                    "is open)")
 
     def _report(self, permit: Permit, exc: BaseException) -> None:
         if isinstance(exc, DeviceError):

@@ -326,7 +326,7 @@ class Fleet:
             return bytes(epoch), entry_order(trimmed) if trimmed else 0, bool(found)
         except ValueError:  # not `ms-seq`: a key of something else under the prefix
             raise DeviceError(f"the shared tier's {self.horizon_key.decode(errors='replace')!r} "
-                              f"holds {bytes(trimmed)[:40]!r}, not a tierkv log position: a "
+                              f"holds {trimmed!r:.60}, not a tierkv log position: a "
                               "key of something else under key_prefix?") from None
 
     async def _read_horizon(self) -> None:
