@@ -122,10 +122,9 @@ class Engine(ReadCalls, ObserveCalls):
                             "are unknown: removed", removed)
             await self._shared.start(self._invalidations.forget)
         except BaseException:
-            # an open cut short once the tiers were open (cancelled, or the shared tier failing
-            # while its log is read): nobody gets this engine to close it, so what it started
-            # ends here and the tiers let go of their media; left open, the pool and the log
-            # refused every later open in this process as in use
+            # an open cut short once the tiers were open (cancelled, the shared tier failing while
+            # its log is read): nobody gets this engine to close it, so what it started ends here
+            # and the tiers let go of their media (left open, later opens found them in use)
             self._closed = True
             await self._shared.stop()
             await self._executor.drain()
@@ -369,8 +368,8 @@ class Engine(ReadCalls, ObserveCalls):
                     await st.drain_tasks()
                 elif executor.departing:  # what the evictors planned for the cues
                     await executor.drain_departures()
-                elif not any(space.cue.is_set() for space in st.spaces  # no evictor: no cue
-                             if space.watermarks is not None):  # is ever taken (the log's)
+                elif not any(space.cue.is_set() for space in st.spaces  # an evictor's cue
+                             if space.watermarks is not None):  # (the log's: no evictor)
                     return
 
     # -- pins ------------------------------------------------------------------------------------
