@@ -322,3 +322,23 @@ async def test_two_tiers_each_run_alone_are_not_both_taken(tmp_path: Path) -> No
         await kv.put("k", b"newer" * 100)
     with pytest.raises(DeviceError, match="neither has a record"):
         await tierkv.open(write_through(tmp_path, ("pmem", "nvme")))
+
+
+async def test_a_session_of_a_tier_left_empty_still_counts(tmp_path: Path) -> None:
+    """As above, but the pool-only session deletes all the pool held: the pool, empty, is
+    taken whatever it missed, and its session, of the same number as the log's, was not taken
+    for the latest, so the log was taken too and served what that session deleted."""
+    async with tierkv.open(write_through(tmp_path, ("nvme", "pmem"))) as kv:
+        await kv.put("k", b"old" * 1000)
+    async with tierkv.open(write_through(tmp_path, ("pmem", "nvme"))) as kv:
+        assert await kv.get("k") == b"old" * 1000
+        await kv.settle()  # a copy in the pool too
+    plan = FaultPlan().add("pmem", "eio", rate=1.0, ops=["put"])
+    kv = await open_with_faults(write_through(tmp_path, ("pmem", "nvme")), plan)
+    await kv.close()
+    async with tierkv.open(write_through(tmp_path, ("pmem",))) as kv:
+        await kv.delete("k")  # the pool holds nothing now
+    for order in (("nvme", "pmem"), ("pmem", "nvme")):
+        with pytest.raises(DeviceError, match=r"'nvme'.*without it"):
+            await tierkv.open(write_through(tmp_path, order))
+

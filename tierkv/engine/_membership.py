@@ -10,7 +10,8 @@ tier recovered is indexed (indexing settles two copies of a key by generation, a
 delete the newer one):
 
 - the latest session is the highest number any record holds (of two sessions with the same
-  number, each run without the other's tier, the first tier's in the hierarchy's order);
+  number, each run without the other's tier: one whose tier the other lists as a member, as it
+  ran later from that tier's older record, else the first tier's in the hierarchy's order);
 - a tier is current if its record names that session, or the session opened with it (its
   record is older and it is among that session's members: a crash cut short the writing of
   the records, or its write failed; one of the same number as the latest is another session,
@@ -74,7 +75,7 @@ async def settle_membership(state: EngineState, recovered: list[list[RecoveredOb
     first refused tier."""
     found = [await _read(state, tier, recovered[tier]) for tier in _local(state)]
     records = [each.record for each in found if each.record is not None]
-    latest = max(records, key=lambda record: record.seq, default=None)
+    latest = _latest(records)
     # no record anywhere, yet several tiers hold objects: each ran alone (a lone persistent
     # tier keeps no record), and their copies, numbered per tier, cannot be ordered; the first
     # is taken (settled by generation, a tier's older values won over the other's newer ones)
@@ -216,6 +217,17 @@ async def _write(state: EngineState, tier: int, record: Membership) -> None:
     await guard.settle(device.flush)
     if tier not in state.own.setdefault(MEMBERSHIP_KEY, []):
         state.own[MEMBERSHIP_KEY].append(tier)
+
+
+def _latest(records: list[Membership]) -> Membership | None:
+    """The latest session: the highest number; of two with it, one whose tier the other lists
+    as a member ran after it (numbered from that tier's older record, its write in the other
+    failed), else the first tier's in the hierarchy's order."""
+    top = max((record.seq for record in records), default=None)
+    tied = [record for record in records if record.seq == top]
+    return next((record for record in tied
+                 if any(record.tier in other.members and other.session != record.session
+                        for other in tied)), tied[0] if tied else None)
 
 
 def _local(state: EngineState) -> list[int]:
