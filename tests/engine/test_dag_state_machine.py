@@ -2,9 +2,10 @@
 against a model of values and edges, on all three tiers (large enough that nothing is dropped,
 so the model is exact).
 
-The model's DAG: a put sets the key's parents (replacing the old ones) and, if the key held a
-value or anything derives from it (an old value that left keeps its children's edges), removes
-everything derived from it; `invalidate` removes the key and its descendants and
+The model's DAG: a put sets the key's parents (replacing the old ones; an old parent that holds
+no value is released, as below) and, if the key held a value or anything derives from it (an
+old value that left keeps its children's edges), removes everything derived from it;
+`invalidate` removes the key and its descendants and
 returns how many stored objects went; a key that leaves (or is invalidated unstored) drops the
 edges from its parents unless something still derives from it, and each parent that holds no
 value and is left without children is released the same way, up the chain
@@ -98,7 +99,10 @@ class DagMachine(RuleBasedStateMachine):
             raise AssertionError("a cycle was accepted")
         self.run(self.kv.put(key, value, parents=parents))
         rewrites = key in self.values or any(p == key for p, _ in self.edges)
+        dropped = {p for p, c in self.edges if c == key} - set(parents)
         self.edges = {(p, c) for p, c in self.edges if c != key} | {(p, key) for p in parents}
+        for parent in dropped - self.values.keys():
+            self.release(parent)
         self.values[key] = value  # held while what derived from its old value leaves
         self.durable[key] = set(parents)
         if rewrites:

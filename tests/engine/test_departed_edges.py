@@ -349,3 +349,64 @@ async def test_what_derives_from_a_departed_key_goes_if_the_edges_record_is_dama
     async with tierkv.open(config) as kv:
         await kv.put(b"a", b"new")
         assert await kv.get(b"c") is None
+
+
+@pytest.mark.parametrize("kinds", [ALL, ("pmem",)], ids="-".join)
+async def test_a_put_keeps_the_edges_of_a_parent_its_own_cascade_leaves_childless(
+        tmp_path: Path, kinds: tuple[str, ...]) -> None:
+    """d holds no object and derives from a (`add_dependency`); c, not stored either, has a
+    child b that also derives from d. A put of c derived from d removes b (c's old children),
+    which left d without children while c was not linked to it yet: d's edge from a went, and
+    an invalidation of a missed c."""
+    async with tierkv.open(_config(tmp_path, kinds)) as kv:
+        await kv.put(b"b", b"B", parents=[b"d"])
+        await kv.add_dependency(b"c", b"b")
+        await kv.add_dependency(b"a", b"d")
+        await kv.put(b"c", b"C", parents=[b"d"])
+        assert await kv.get(b"b") is None
+        with pytest.raises(tierkv.DependencyCycleError):
+            await kv.add_dependency(b"c", b"a")  # a -> d -> c
+        assert await kv.invalidate(b"a") == 1
+        assert await kv.get(b"c") is None
+
+
+_KILLED_WITH_A_VOLATILE_MIDDLE = textwrap.dedent("""
+    import asyncio, json, sys
+    import tierkv
+    config, how = json.loads(sys.argv[1]), sys.argv[2]
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put(b"a", b"A" * 20000)  # larger than the first tier: on media at once
+        await kv.flush()
+        await kv.put(b"b", b"B" * 100, parents=[b"a"])  # in the first tier only
+        if how == "put":
+            await kv.put(b"c", b"C" * 20000, parents=[b"b"])  # on media below it
+        else:
+            await kv.put(b"c", b"C" * 20000)
+            await kv.add_dependency(b"b", b"c")  # "on media when this returns"
+        print("PUT", *[await kv.locate(key) for key in (b"a", b"b", b"c")], flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.parametrize("how", ["put", "add_dependency"])
+def test_a_crash_keeps_the_edges_a_volatile_middle_key_held(tmp_path: Path, how: str) -> None:
+    """a (on media) -> b (in the gpu tier only, write_back) -> c (on media), then `kill -9`:
+    b is lost, as write_back allows, and c comes back naming b in its header. The edge a -> b
+    was in b's header only: invalidate(a) reached nothing, and c stayed readable."""
+    cfg = _config(tmp_path, ("gpu", "pmem"))
+    cfg["tiers"][0].update(slot_size=4096, capacity=16 * 1024)
+    script = _KILLED_WITH_A_VOLATILE_MIDDLE.replace("sys.argv[2]", repr(how))
+    assert killed_after(script, cfg, 1) == [["PUT", "pmem", "gpu", "pmem"]]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.get(b"b") is None
+            assert await kv.get(b"c") == b"C" * 20000
+            assert await kv.invalidate(b"a") == 2  # a and c
+            assert await kv.get(b"c") is None
+
+    asyncio.run(reopen())

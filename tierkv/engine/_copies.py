@@ -15,6 +15,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Collection
 
+from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._index import IndexEntry
 from tierkv.engine._keys import Claim
 from tierkv.engine._state import EngineState
@@ -25,10 +26,12 @@ log = logging.getLogger("tierkv.engine")
 
 
 class CopyOps:
-    __slots__ = ("_scrubs_failing", "_st")
+    __slots__ = ("_departed", "_scrubs_failing", "_st")
 
-    def __init__(self, state: EngineState) -> None:
+    def __init__(self, state: EngineState, departed: DepartedEdges) -> None:
         self._st = state
+        #: records the edges of a copy's ancestors that only volatile copies hold (`store_in`)
+        self._departed = departed
         #: tiers whose last scrub failed: logged once until one succeeds (a server down
         #: failed every put's share, and the log took a line per key)
         self._scrubs_failing: set[int] = set()
@@ -135,6 +138,8 @@ class CopyOps:
             # makes)
             if device.reclaims_space or (device.fits(nbytes)
                                          and (deadline is not None or not space.promised)):
+                if device.persistent and not device.shared and st.dag.has_parents(entry.key):
+                    await self._departed.ahead_of(entry.key)
                 claim.mark(tier)
                 try:
                     await write(device.put, entry.key, entry.meta, payload)

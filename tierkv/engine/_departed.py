@@ -20,6 +20,14 @@ pool frees at once). One writer at a time (`GroupCommit` as a single flight): tw
 written side by side could leave the older one on media last. Not covered: a key whose last
 copy a full log's reclaim drops (the log tells the engine as it drops it) keeps its edges
 across a crash only once a flush has recorded them.
+
+Edges held only in volatile copies are recorded the same way before they are needed
+(`ahead_of`): before a copy of a key first reaches persistent media (a put, a move down, a
+flush, `add_dependency`'s header rewrite), its ancestors up to those on media whose edges live
+only in the headers of volatile copies (a hot prefix block kept in the first tier while the
+blocks after it moved down) are recorded, synced, unless a record on media holds them already.
+A `kill -9` lost those headers while the child came back, linked to nothing above them, and a
+write or invalidation of the chain's first block then left it readable.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ Edges = dict[bytes, tuple[bytes, ...]]
 
 
 class DepartedEdges:
-    __slots__ = ("_leaving", "_one", "_recorded", "_st", "lost_at_open")
+    __slots__ = ("_leaving", "_one", "_recorded", "_st", "_volatile", "lost_at_open")
 
     def __init__(self, state: EngineState) -> None:
         self._st = state
@@ -48,6 +56,9 @@ class DepartedEdges:
         state.record_dropped[DEPARTED_EDGES_KEY] = self._unrecorded
         #: keys whose last copy is about to go (`leaving`): recorded while still stored
         self._leaving: set[bytes] = set()
+        #: stored keys whose edges only volatile copies hold, below which something was
+        #: written to persistent media (`ahead_of`): recorded until a copy of theirs is too
+        self._volatile: set[bytes] = set()
         self._one = GroupCommit(self._write)
         #: whether the open found the record on media with no copy readable (`recover`)
         self.lost_at_open = False
@@ -58,7 +69,43 @@ class DepartedEdges:
         keys = self._st.index.departed_keys()
         if self._leaving:
             keys = keys | {key for key in self._leaving if dag.has_parents(key)}
+        if self._volatile:
+            self._volatile = {key for key in self._volatile if self._held_volatile(key)}
+            keys = keys | self._volatile
         return {key: tuple(sorted(dag.parents(key))) for key in keys}
+
+    def _held_volatile(self, key: bytes) -> bool:
+        """Whether `key` is stored, has parents, and no copy of it outlives a restart."""
+        entry = self._st.index.get(key)
+        return (entry is not None and self._st.dag.has_parents(key)
+                and not self._st.lasting_elsewhere(entry, -1))
+
+    async def ahead_of(self, key: bytes) -> None:
+        """Before a copy of `key` is written to a persistent tier: record the edges of its
+        ancestors that only volatile copies hold (see the module), and sync, if no record on
+        media holds them. Costs the parents of `key` when they are on media or recorded."""
+        found = self._unrecorded_ancestors(key)
+        if found and own_tiers(self._st):
+            self._volatile.update(found)
+            await self.record()
+
+    def _unrecorded_ancestors(self, key: bytes) -> list[bytes]:
+        """`key`'s ancestors held in volatile copies only, up to those on media, recorded or
+        without parents; the walk stops at a recorded one (its own were recorded with it)."""
+        dag = self._st.dag
+        found: list[bytes] = []
+        seen = {key}
+        pending = list(dag.parents(key))
+        while pending:
+            node = pending.pop()
+            if node in seen or not self._held_volatile(node):
+                continue
+            seen.add(node)
+            parents = dag.parents(node)
+            if self._recorded.get(node) != tuple(sorted(parents)):
+                found.append(node)
+                pending.extend(parents)
+        return found
 
     async def record(self) -> None:
         """Write the record, and sync it, if the edges changed since the last one was written

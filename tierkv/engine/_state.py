@@ -8,10 +8,12 @@ holds no logic beyond starting and tracking the engine's background tasks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tierkv.config import Config, GpuTierConfig, PmemTierConfig, TierConfig, TierKind, WritePolicy
@@ -102,6 +104,8 @@ class EngineState:
         #: this session's membership records a tier has not taken yet, by tier (`_membership`)
         self.unrecorded: dict[int, Membership] = {}
         self.keys = KeyGate(self._scrub, self.spawn, self._released)
+        #: parents named by puts in progress, by count of puts (`linking`)
+        self._linking: Counter[bytes] = Counter()
         self.spaces = tuple(
             TierSpace(tier, self._watermarks(tier, tier_config), config.engine.space_timeout)
             for tier, tier_config in zip(tiers, config.tiers, strict=True)
@@ -176,7 +180,26 @@ class EngineState:
     def in_use(self, key: bytes) -> bool:
         """Whether `key` has an object, or an operation holds it (a put of it may be about to
         commit, with the parents it just set): the DAG keeps such a key's edges."""
-        return key in self.index or self.keys.busy(key)
+        return key in self.index or self.keys.busy(key) or key in self._linking
+
+    @contextlib.contextmanager
+    def linking(self, parents: Sequence[bytes]) -> Iterator[None]:
+        """For a put naming `parents`, from before its cascade until it linked them: they
+        count as in use, so the DAG keeps their own edges from their parents. The cascade of
+        the key's old value released a parent it left without children (a key holding no
+        object that `add_dependency` had hung under another) before the put linked it, and an
+        invalidation of that grandparent then missed the new value. A parent the put did not
+        link after all (it failed) is released as it would have been."""
+        self._linking.update(parents)
+        try:
+            yield
+        finally:
+            for parent in parents:
+                self._linking[parent] -= 1
+                if not self._linking[parent]:
+                    del self._linking[parent]
+                    if not self.in_use(parent):
+                        self.index.unlink(parent)
 
     def dropped(self, tier: int, keys: Sequence[bytes]) -> None:
         """`tier` dropped these keys' copies on its own (a reclaim; called as it drops them):

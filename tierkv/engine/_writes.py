@@ -251,6 +251,7 @@ class Writes:
             if meta is None:
                 return
             rewritten: set[int] = set()
+            await self._departed.ahead_of(key)  # `parent` may be held in volatile copies only
             try:
                 await self._rewrite(entry, meta, claim, rewritten)
             except TierKVError as exc:

@@ -1,8 +1,7 @@
 """The engine: the public async API over the index, the tiers and the background moves.
 
-Ownership. The engine is the only owner of "where is key K" (`_index`); tiers store bytes for the
-keys they are told about (`tierkv.tiers`), the scheduler decides (`tierkv.scheduler`), and the
-engine executes.
+Ownership. The engine alone owns "where is key K" (`_index`); tiers store bytes for the keys they
+are told about (`tierkv.tiers`), the scheduler decides (`tierkv.scheduler`), the engine executes.
 
 Concurrency. Everything runs on one event loop, and no lock is held across device IO but a
 key's own: operations on one key (put, delete, pin, each background move) run one at a time in
@@ -76,9 +75,9 @@ class Engine(ReadCalls, ObserveCalls):
         self.config = config
         self.tiers: tuple[Tier, ...] = tuple(tiers)
         self._st = st = EngineState(config, self.tiers, clock, tracer_provider)
-        copies = CopyOps(st)
-        st.scrub = copies.scrub
         self._departed = DepartedEdges(st)
+        copies = CopyOps(st, self._departed)
+        st.scrub = copies.scrub
         self._executor = MoveExecutor(st, Moves(st, copies, self._departed))
         self._shared = Shared(st, self._executor)
         self._reads = Reads(st, copies, self._executor, self._shared)
@@ -246,8 +245,9 @@ class Engine(ReadCalls, ObserveCalls):
                 self._writes.check_put(raw, meta)
                 if await self._invalidations.put_while_doomed(raw, meta.parents):
                     return
-                cascaded = await self._invalidations.before_overwrite(raw)
-                replaced = await self._writes.put(raw, meta, payload, latency_slo)
+                with st.linking(meta.parents):
+                    cascaded = await self._invalidations.before_overwrite(raw)
+                    replaced = await self._writes.put(raw, meta, payload, latency_slo)
                 # the tier it went into first: its fastest copy as the put let go of the key
                 entry = st.index.get(raw)
                 placed = entry.locations[0] if entry is not None and entry.locations else None
