@@ -129,6 +129,34 @@ async def test_an_opening_is_entered_once(tmp_path: Path) -> None:
         await kv.put("k", b"v")
 
 
+def test_an_opening_is_a_coroutine_another_thread_can_run_on_the_loop(tmp_path: Path) -> None:
+    """An application whose loop runs in its own thread opens the engine from outside it;
+    `run_coroutine_threadsafe` takes only a coroutine object, and raised `TypeError`."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        opening = tierkv.open(gpu_pmem(tmp_path))
+        assert asyncio.iscoroutine(opening)
+        kv = asyncio.run_coroutine_threadsafe(opening, loop).result(60)
+        asyncio.run_coroutine_threadsafe(kv.put("k", b"v" * 100_000), loop).result(60)
+        assert asyncio.run_coroutine_threadsafe(kv.get("k"), loop).result(60) == b"v" * 100_000
+        asyncio.run_coroutine_threadsafe(kv.close(), loop).result(60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(60)
+        loop.close()
+
+    async def reopen() -> object:
+        kv = await asyncio.create_task(tierkv.open(gpu_pmem(tmp_path)))
+        try:
+            return await kv.get("k")
+        finally:
+            await kv.close()
+
+    assert asyncio.run(reopen()) == b"v" * 100_000
+
+
 async def test_pins_and_lookups_from_another_event_loop_are_refused(tmp_path: Path) -> None:
     async with tierkv.open(gpu_pmem(tmp_path)) as kv:
         values = {f"k{i}": os.urandom(60_000) for i in range(20)}

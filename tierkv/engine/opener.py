@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -28,8 +28,13 @@ async def open_engine(config: ConfigSource, clock: Clock = time.monotonic,
     return engine
 
 
-class EngineOpening:
-    """The pending result of `tierkv.open`; await it, or enter it with ``async with``."""
+class EngineOpening(Coroutine[Any, Any, Engine]):
+    """The pending result of `tierkv.open`; await it, or enter it with ``async with``.
+
+    A coroutine object too (`asyncio.iscoroutine`), so that what takes only coroutines takes
+    it: ``asyncio.run_coroutine_threadsafe(tierkv.open(cfg), loop)`` from another thread,
+    ``asyncio.create_task``, ``asyncio.run``. The opening starts when first awaited or sent
+    to; a coroutine not awaited opens nothing."""
 
     def __init__(self, config: ConfigSource, clock: Clock,
                  tracer_provider: TracerProvider | None = None) -> None:
@@ -37,9 +42,27 @@ class EngineOpening:
         self._clock = clock
         self._tracer_provider = tracer_provider
         self._engine: Engine | None = None
+        self._running: Coroutine[Any, Any, Engine] | None = None
+
+    def _opening(self) -> Coroutine[Any, Any, Engine]:
+        if self._running is None:
+            self._running = open_engine(self._config, self._clock, self._tracer_provider)
+        return self._running
 
     def __await__(self) -> Generator[Any, None, Engine]:
-        return open_engine(self._config, self._clock, self._tracer_provider).__await__()
+        return self._opening().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._opening().send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if val is None and tb is None:  # the one-argument form (the three are deprecated)
+            return self._opening().throw(typ)
+        return self._opening().throw(typ, val, tb)
+
+    def close(self) -> None:
+        if self._running is not None:
+            self._running.close()
 
     async def __aenter__(self) -> Engine:
         if self._engine is not None:  # a second engine would find its own media in use
