@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import math
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Coroutine
@@ -256,7 +257,8 @@ def _capacities(text: str) -> tuple[float, ...]:
     for item in text.split(","):
         number = item.strip().removesuffix("%").strip()
         try:
-            percent = float(number) if number.isascii() else math.nan
+            # float() takes "1_0" for 10 and " 5" for 5: only digits and one point pass
+            percent = float(number) if re.fullmatch(r"[0-9]*\.?[0-9]+", number) else math.nan
         except ValueError:
             percent = math.nan
         if not (math.isfinite(percent) and 0 < percent <= 100):

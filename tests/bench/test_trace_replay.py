@@ -314,6 +314,8 @@ direct = false
     ("--capacity", "5%,abc"),
     ("--capacity", "101%"),
     ("--capacity", "5%,5"),  # replayed twice, its report row twice
+    ("--capacity", "1_0%"),  # float() reads 10
+    ("--capacity", "1e1%"),
     ("--capacity", ""),
     ("--policy", "fifo"),
     ("--block-size", "lots"),
