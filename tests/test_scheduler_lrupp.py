@@ -564,6 +564,9 @@ def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
     lru = Scheduler(three_tiers(), SchedulerConfig(policy=EvictionPolicy.LRU))
     lru.admitted(2, b"old", 0.0)
     assert lru.reclaim_worth(2, b"old") is None  # no ranking: the tier's own rule stays
+    assert lru.reclaim_worth(2, b"old", held=(2, 1)) is None  # pmem holds it too
+    # the last lasting copy of an object the gpu tier still serves: a flush's, kept at any price
+    assert lru.reclaim_worth(2, b"old", held=(0, 2)) == math.inf
 
 
 @pytest.mark.parametrize("policy", list(EvictionPolicy))

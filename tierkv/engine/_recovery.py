@@ -76,18 +76,11 @@ def listen_to_tiers(state: EngineState) -> None:
 
 def _reclaim_worth(state: EngineState, tier: int, key: bytes) -> float | None:
     """The scheduler's worth of `key`'s copy in `tier`, but for a copy a write-through put
-    waits to see flushed: that is worth keeping at any price; and so, under a policy with no
-    ranking (`lru`: None), is the last durable copy of an object a volatile tier still serves
-    (dropped, a crash lost an acknowledged write-through put, or what a flush covered)."""
+    waits to see flushed: that is worth keeping at any price."""
     if key in state.syncing:
         return math.inf
-    worth = state.scheduler.reclaim_worth(tier, key)
-    if worth is None:
-        entry = state.index.get(key)
-        if (entry is not None and any(other != tier for other in entry.locations)
-                and not state.lasting_elsewhere(entry, tier)):
-            return math.inf
-    return worth
+    entry = state.index.get(key)
+    return state.scheduler.reclaim_worth(tier, key, entry.locations if entry else ())
 
 
 def _dropped_at_open(state: EngineState, tier: int, dropped: set[bytes],

@@ -19,7 +19,7 @@ the copy would leave that tier unread.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Protocol
 
 from tierkv.config import EvictionPolicy, SchedulerConfig
@@ -270,26 +270,27 @@ class Scheduler:
         decided.append((tier, admission.admits(key)))
         return decided[-1][1]
 
-    def reclaim_worth(self, tier: int, key: bytes) -> float | None:
+    def reclaim_worth(self, tier: int, key: bytes, held: Collection[int] = ()) -> float | None:
         """What copying `key`'s entry forward is worth to a tier that reclaims whole regions
         (the nvme log) when it reclaims the region holding it (a write), rather than dropping
         it; 0: drop it. The log copies the most valuable entries that leave it room.
 
-        LRU++: the object's last persistent copy while a volatile tier holds the object is
-        worth the most (infinite: dropping it would silently undo a `flush` or a write-through
-        put); a copy of an object a faster tier holds is worth nothing (it is served from
+        Under both policies, the engine's own records and the object's last lasting copy while
+        a volatile tier holds it (`held`: the tiers holding it, as the index says) are worth
+        the most (infinite: dropped, a `flush` or a write-through put was silently undone).
+        LRU++: a copy of an object a faster tier holds is worth nothing (it is served from
         there, and comes back down as a demotion if it earns it), nor an orphan's; any other
         is worth how far its rank lies above that of the last object the tier admitted:
         copying forward what is worth no more than what arrives would push out better objects
         later (and with every rank equal, a stopped clock, the log would rewrite each region to
-        free one entry). `lru`: None, the tier's own rule (the policy has no ranking to judge
-        by). Under both, the engine's own records are worth the most: they must stay."""
+        free one entry). `lru`: None, the tier's own rule (no ranking to judge by)."""
         if is_engine_key(key):
             # the engine's own records (refused deletes, the fleet cursor): dropped, a flush
             # that recorded a delete is undone, and the deleted value comes back after a crash
             return math.inf
         if not self.scored:
-            return None
+            others = sum(1 << other for other in held if other != tier)
+            return math.inf if others and not others & self._lasting else None
         score = self.book.get(key)
         if score is None:
             return 0.0
