@@ -333,11 +333,11 @@ class Engine(ReadCalls, ObserveCalls):
         copies rewritten in place, on media when this returns), so the edge survives a restart;
         `LimitExceededError` if that header would exceed the format's bounds (`MAX_PARENTS`
         parents, a `MAX_BODY` body: `tierkv.formats.header`); both raised before anything
-        changes. An edge to a `child` not stored is written into the engine's record of such
-        edges, on media when this returns (it comes back after a restart where something
-        derives from `child`), and a later `put(child, parents=...)` sets the child's parents
-        anew. An edge to a parent an invalidation is removing is taken as made before it:
-        `child` is invalidated, no edge kept."""
+        changes. An edge to a `child` not stored is in the engine's record of such edges, on
+        media when this returns; it lasts until a `put(child, parents=...)` sets its parents
+        anew, or until nothing derives from `child` (at a restart, or when its last child is
+        deleted or put again without it). An edge to a parent an invalidation is removing is
+        taken as made before it: `child` is invalidated, no edge kept."""
         async with self._call():
             raw_parent, raw_child = encode_key(parent), encode_key(child)
             if not await self._invalidations.linked_while_doomed(raw_child, (raw_parent,)):
