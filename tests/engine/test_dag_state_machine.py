@@ -162,11 +162,11 @@ class DagMachine(RuleBasedStateMachine):
 
 
 TestDagMachine = DagMachine.TestCase
-# Derandomized (the same examples every run) unless DAG_SM_RANDOM is set: random runs find
-# sequences where the engine's DAG keeps or drops an edge through keys holding no object other
-# than the model does (session 29's note: a cascade of an overwritten key releasing a parent
-# the new value is about to be linked to, and two more not yet understood); until they are
-# fixed, CI runs a fixed set, and a bug hunt sets DAG_SM_RANDOM=1.
+# Derandomized (the same examples every run, so that CI tells a change from a new sequence)
+# unless DAG_SM_RANDOM is set: a bug hunt sets it, with DAG_SM_EXAMPLES in the hundreds. The
+# random runs of session 29 found a put's cascade releasing the parent it was about to link
+# (fixed: `EngineState.linking`) and a model that did not release the parents a put drops as
+# the engine does (fixed in the model); session 30 ran 900 random examples clean.
 TestDagMachine.settings = settings(
     max_examples=int(os.environ.get("DAG_SM_EXAMPLES", "25")), stateful_step_count=25,
     deadline=None, derandomize=not os.environ.get("DAG_SM_RANDOM"),
