@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -167,6 +168,13 @@ def test_info_says_what_the_next_open_finds_in_the_log(
     asyncio.run(_put_one(load_config(config)))
     assert "a tierkv log of 15 regions of 1MiB" in (found := info("16MiB"))
     assert "recovered at open" in found
+
+    async def info_while_open() -> str:
+        async with tierkv.open(load_config(config)):
+            return info("16MiB")
+
+    held = asyncio.run(info_while_open())
+    assert f"in use (held by this process (pid {os.getpid()})); an open is refused" in held
     assert "asks for 7 regions of 1MiB; the next open refuses it" in info("8MiB")
     log.write_bytes(b"\0" * 8192)
     assert "a zeroed superblock; the next open refuses it" in info("16MiB")

@@ -200,6 +200,22 @@ def _lock(fd: int, path: Path) -> None:
         raise DeviceError(f"{path}: cannot lock: {exc.strerror}", errno=exc.errno) from exc
 
 
+def lock_holder(path: Path) -> str | None:
+    """Who holds the log's lock now (an engine that has it open), or None: probed with a
+    shared flock, given back at once, on a descriptor opened for reading (`tierkv info`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return _holder(fd)[0] if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+    finally:
+        os.close(fd)  # and with it the probe's lock, if it got one
+    return None
+
+
 def _holder(fd: int) -> tuple[str, bool]:
     """Who holds the flock on `fd`'s file, as far as /proc/locks tells, and whether that is a
     live process (this one included)."""

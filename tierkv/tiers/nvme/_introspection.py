@@ -26,6 +26,7 @@ from tierkv.formats.nvme_layout import (
     format_uuid,
 )
 from tierkv.tiers.base import TierState
+from tierkv.tiers.nvme._device import lock_holder
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import LogState
 
@@ -127,4 +128,8 @@ def _log_on_media(config: NvmeTierConfig) -> str:
     if (sb.region_count, sb.region_size) != (count, config.region_size):
         return (f"a tierkv log of {found}; the config asks for {count} regions of "
                 f"{format_size(config.region_size)}" + refused)
-    return f"a tierkv log of {found} (uuid {format_uuid(sb.uuid)}): recovered at open"
+    log = f"a tierkv log of {found} (uuid {format_uuid(sb.uuid)})"
+    holder = lock_holder(config.path)
+    if holder is not None:
+        return f"{log}: in use ({holder}); an open is refused until that engine closes it"
+    return f"{log}: recovered at open"
