@@ -530,7 +530,7 @@ def test_a_promotion_out_of_a_tier_that_reclaims_space_always_copies() -> None:
 # -- what a reclaimed log region keeps ---------------------------------------------------------
 def log_worth(scheduler: Scheduler, key: bytes) -> float:
     """What `key`'s entry in the log (tier 2) is worth to a reclaim, as LRU++ judges it."""
-    worth = scheduler.reclaim_worth(2, key)
+    worth = scheduler.reclaim_worth(2, key, held=(2,))
     assert worth is not None  # LRU++ always judges
     return worth
 
@@ -563,7 +563,7 @@ def test_a_reclaimed_log_entry_is_kept_by_durability_then_by_rank() -> None:
 
     lru = Scheduler(three_tiers(), SchedulerConfig(policy=EvictionPolicy.LRU))
     lru.admitted(2, b"old", 0.0)
-    assert lru.reclaim_worth(2, b"old") is None  # no ranking: the tier's own rule stays
+    assert lru.reclaim_worth(2, b"old", held=(2,)) is None  # no ranking: the tier's own rule stays
     assert lru.reclaim_worth(2, b"old", held=(2, 1)) is None  # pmem holds it too
     # the last lasting copy of an object the gpu tier still serves: a flush's, kept at any price
     assert lru.reclaim_worth(2, b"old", held=(0, 2)) == math.inf
@@ -576,7 +576,7 @@ def test_the_engines_own_records_always_stay_in_a_reclaimed_log_region(
     recorded a delete would be undone, and after a crash the deleted value would come back."""
     scheduler = Scheduler(three_tiers(), SchedulerConfig(policy=policy))
     for key in (TOMBSTONES_KEY, FLEET_CURSOR_KEY, UNPUBLISHED_KEY):
-        assert scheduler.reclaim_worth(2, key) == math.inf
+        assert scheduler.reclaim_worth(2, key, held=()) == math.inf
 
 
 # -- expiry ----------------------------------------------------------------------------------

@@ -156,6 +156,14 @@ def test_an_opening_is_a_coroutine_another_thread_can_run_on_the_loop(tmp_path: 
 
     assert asyncio.run(reopen()) == b"v" * 100_000
 
+    async def closed_first() -> None:
+        opening = tierkv.open(gpu_pmem(tmp_path))
+        opening.close()  # as a coroutine never started: nothing opened, and it cannot be
+        with pytest.raises(RuntimeError, match="reuse"):
+            await opening
+
+    asyncio.run(closed_first())
+
 
 async def test_pins_and_lookups_from_another_event_loop_are_refused(tmp_path: Path) -> None:
     async with tierkv.open(gpu_pmem(tmp_path)) as kv:

@@ -378,13 +378,16 @@ _KILLED_WITH_A_VOLATILE_MIDDLE = textwrap.dedent("""
     async def main():
         kv = await tierkv.open(config)
         await kv.put(b"a", b"A" * 20000)  # larger than the first tier: on media at once
+        await kv.put(b"x", b"X" * 20000)
         await kv.flush()
         await kv.put(b"b", b"B" * 100, parents=[b"a"])  # in the first tier only
-        if how == "put":
-            await kv.put(b"c", b"C" * 20000, parents=[b"b"])  # on media below it
-        else:
+        if how == "add_dependency":
             await kv.put(b"c", b"C" * 20000)
             await kv.add_dependency(b"b", b"c")  # "on media when this returns"
+        else:
+            await kv.put(b"c", b"C" * 20000, parents=[b"b"])  # on media below it
+        if how == "new_parent":  # a parent for b, whose only copy is volatile
+            await kv.add_dependency(b"x", b"b")
         print("PUT", *[await kv.locate(key) for key in (b"a", b"b", b"c")], flush=True)
         await asyncio.sleep(60)
 
@@ -392,11 +395,12 @@ _KILLED_WITH_A_VOLATILE_MIDDLE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("how", ["put", "add_dependency"])
+@pytest.mark.parametrize("how", ["put", "add_dependency", "new_parent"])
 def test_a_crash_keeps_the_edges_a_volatile_middle_key_held(tmp_path: Path, how: str) -> None:
     """a (on media) -> b (in the gpu tier only, write_back) -> c (on media), then `kill -9`:
     b is lost, as write_back allows, and c comes back naming b in its header. The edge a -> b
-    was in b's header only: invalidate(a) reached nothing, and c stayed readable."""
+    was in b's header only: invalidate(a) reached nothing, and c stayed readable. So was an
+    edge x -> b that `add_dependency` made once c was on media."""
     cfg = _config(tmp_path, ("gpu", "pmem"))
     cfg["tiers"][0].update(slot_size=4096, capacity=16 * 1024)
     script = _KILLED_WITH_A_VOLATILE_MIDDLE.replace("sys.argv[2]", repr(how))
@@ -406,7 +410,91 @@ def test_a_crash_keeps_the_edges_a_volatile_middle_key_held(tmp_path: Path, how:
         async with tierkv.open(cfg) as kv:
             assert await kv.get(b"b") is None
             assert await kv.get(b"c") == b"C" * 20000
-            assert await kv.invalidate(b"a") == 2  # a and c
+            assert await kv.invalidate(b"x" if how == "new_parent" else b"a") == 2  # and c
             assert await kv.get(b"c") is None
+
+    asyncio.run(reopen())
+
+
+_KILLED_BELOW_A_HOT_PREFIX = textwrap.dedent("""
+    import asyncio, json, sys
+    import tierkv
+    config = json.loads(sys.argv[1])
+    KEYS = tierkv.block_keys(list(range(8 * 16)), block_size=16, model="m@1", rope_theta=1e4)
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put_many([(key, bytes([i]) * 3000) for i, key in enumerate(KEYS[:2])])
+        for _ in range(20):  # a hot prefix block: the gpu tier keeps it
+            await kv.get(KEYS[1])
+        for i in range(2, len(KEYS)):
+            await kv.put(KEYS[i], bytes([i]) * 3000, parents=[KEYS[i - 1]])
+        await kv.settle()
+        print(*[await kv.locate(key) for key in KEYS], flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_crash_keeps_a_chain_below_a_hot_prefix_linked(tmp_path: Path) -> None:
+    """A `block_keys` chain whose first blocks the gpu tier keeps (read often) while the
+    evictor moves the later ones down: after a `kill -9`, an invalidation of the first block
+    reaches every block that came back, also those below blocks the crash lost."""
+    cfg = _config(tmp_path, ("gpu", "pmem"))
+    cfg["tiers"][0].update(slot_size=4096, capacity=16 * 1024)
+    [placed] = killed_after(_KILLED_BELOW_A_HOT_PREFIX, cfg, 1)
+    assert "gpu" in placed[2:] and "pmem" in placed[2:]  # some moved down, some stayed
+    keys = tierkv.block_keys(list(range(8 * 16)), block_size=16, model="m@1", rope_theta=1e4)
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            back = [await kv.get(key) is not None for key in keys]
+            assert back[0] and sum(back) > 2
+            assert await kv.invalidate(keys[0]) == sum(back)
+            assert await kv.get_many(keys) == [None] * len(keys)
+
+    asyncio.run(reopen())
+
+
+_KILLED_AFTER_A_RECORD_FAILED = textwrap.dedent("""
+    import asyncio, json, sys
+    from tierkv.testing.faults import FaultPlan, open_with_faults
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        plan = FaultPlan(seed=1)
+        # the first write into each persistent tier fails: the record ahead of c's copy
+        plan.add("pmem", "eio", schedule=[1], ops=["put"])
+        plan.add("nvme", "eio", schedule=[1], ops=["put"])
+        plan.enabled = False
+        kv = await open_with_faults(config, plan)
+        await kv.put("a", b"A1" * 1000)
+        await kv.put("b", b"B1" * 1000, parents=["a"])
+        await kv.put("c", b"C1" * 1000, parents=["b"])
+        plan.enabled = True
+        for _ in range(40):  # a and b stay hot in the gpu tier; c's TTL moves it down
+            await kv.get_many(["a", "b"])
+            await asyncio.sleep(0.05)
+        print(kv.stats()["engine"]["departed_edges_unrecorded"], flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_copy_whose_ancestors_edges_no_tier_took_is_not_written_below_them(
+        tmp_path: Path) -> None:
+    """The record ahead of c's move down failed on both persistent tiers (EIO): c was moved
+    all the same, and after a `kill -9` a new value of a left c readable. The move now fails
+    and is made again once the record is written."""
+    cfg = hierarchy_config(tmp_path, ALL, gpu={"capacity": 512 << 10, "slot_size": 64 << 10,
+                                               "ttl": "0.4s"})
+    assert killed_after(_KILLED_AFTER_A_RECORD_FAILED, cfg, 1) == [["1"]]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            await kv.put("a", b"A2" * 1000)
+            assert await kv.get("c") is None
 
     asyncio.run(reopen())

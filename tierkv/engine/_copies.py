@@ -138,8 +138,9 @@ class CopyOps:
             # makes)
             if device.reclaims_space or (device.fits(nbytes)
                                          and (deadline is not None or not space.promised)):
-                if device.persistent and not device.shared and st.dag.has_parents(entry.key):
-                    await self._departed.ahead_of(entry.key)
+                if (device.persistent and not device.shared and st.dag.has_parents(entry.key)
+                        and await self._departed.ahead_of(entry.key)):
+                    continue  # the record's write awaited: the room is looked at again
                 claim.mark(tier)
                 try:
                     await write(device.put, entry.key, entry.meta, payload)

@@ -70,8 +70,8 @@ def own_tiers(state: EngineState) -> list[int]:
 
 
 async def keep_own(state: EngineState, key: bytes, data: bytes | None,
-                   tiers: Sequence[int] = ()) -> list[int]:
-    """Write `data` as the engine's object `key` into the first `OWN_COPIES` of `tiers` that
+                   tiers: Sequence[int] = (), *, copies: int = OWN_COPIES) -> list[int]:
+    """Write `data` as the engine's object `key` into the first `copies` of `tiers` that
     take it (`data` None: keep none), then delete its older copies; the tiers written. The
     writes are made whatever the tiers' breakers say (a flush or a close writes these records,
     and must not pass over a healed tier still in its cool-down). If no tier takes it, the
@@ -92,7 +92,7 @@ async def keep_own(state: EngineState, key: bytes, data: bytes | None,
                 failure = failure or exc
                 continue
             written.append(tier)
-            if len(written) == OWN_COPIES:
+            if len(written) == copies:
                 break
         if not written:
             raise failure or DeviceError("no persistent tier to keep the engine's record in")

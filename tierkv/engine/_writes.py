@@ -251,7 +251,8 @@ class Writes:
             if meta is None:
                 return
             rewritten: set[int] = set()
-            await self._departed.ahead_of(key)  # `parent` may be held in volatile copies only
+            # `key` or `parent` may be held in volatile copies only, `key` with children on media
+            await self._departed.ahead_of(key, itself=True)
             try:
                 await self._rewrite(entry, meta, claim, rewritten)
             except TierKVError as exc:

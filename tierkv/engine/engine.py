@@ -227,8 +227,8 @@ class Engine(ReadCalls, ObserveCalls):
         persistent tier holds it on media. A full tier makes the put wait for the background
         evictor (at most `engine.space_timeout`). Raises `TierFullError` when no tier can hold it
         in time and `DeviceError` when every tier that could failed; in both cases (and when
-        cancelled) the key holds no value or the new one, and nothing else is lost.
-        """
+        cancelled) the key holds no value, the new one, or (failed before writing) the old one
+        without what derived from it, and nothing else is lost."""
         started = perf_counter()
         st = self._st
         raw = encode_key(key)

@@ -33,8 +33,9 @@ class EngineOpening(Coroutine[Any, Any, Engine]):
 
     A coroutine object too (`asyncio.iscoroutine`), so that what takes only coroutines takes
     it: ``asyncio.run_coroutine_threadsafe(tierkv.open(cfg), loop)`` from another thread,
-    ``asyncio.create_task``, ``asyncio.run``. The opening starts when first awaited or sent
-    to; a coroutine not awaited opens nothing."""
+    ``asyncio.create_task``. (Not ``asyncio.run``: the engine would belong to a loop that
+    ended.) The opening starts when first awaited or sent to; one never awaited opens nothing,
+    and one closed first, or awaited twice, raises `RuntimeError` as a coroutine does."""
 
     def __init__(self, config: ConfigSource, clock: Clock,
                  tracer_provider: TracerProvider | None = None) -> None:
@@ -43,9 +44,12 @@ class EngineOpening(Coroutine[Any, Any, Engine]):
         self._tracer_provider = tracer_provider
         self._engine: Engine | None = None
         self._running: Coroutine[Any, Any, Engine] | None = None
+        self._closed = False
 
     def _opening(self) -> Coroutine[Any, Any, Engine]:
         if self._running is None:
+            if self._closed:
+                raise RuntimeError("cannot reuse already awaited coroutine")
             self._running = open_engine(self._config, self._clock, self._tracer_provider)
         return self._running
 
@@ -61,6 +65,7 @@ class EngineOpening(Coroutine[Any, Any, Engine]):
         return self._opening().throw(typ, val, tb)
 
     def close(self) -> None:
+        self._closed = True
         if self._running is not None:
             self._running.close()
 

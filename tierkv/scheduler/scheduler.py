@@ -270,7 +270,7 @@ class Scheduler:
         decided.append((tier, admission.admits(key)))
         return decided[-1][1]
 
-    def reclaim_worth(self, tier: int, key: bytes, held: Collection[int] = ()) -> float | None:
+    def reclaim_worth(self, tier: int, key: bytes, held: Collection[int]) -> float | None:
         """What copying `key`'s entry forward is worth to a tier that reclaims whole regions
         (the nvme log) when it reclaims the region holding it (a write), rather than dropping
         it; 0: drop it. The log copies the most valuable entries that leave it room.

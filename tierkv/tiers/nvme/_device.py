@@ -201,29 +201,29 @@ def _lock(fd: int, path: Path) -> None:
 
 
 def lock_holder(path: Path) -> str | None:
-    """Who holds the log's lock now (an engine that has it open), or None: probed with a
-    shared flock, given back at once, on a descriptor opened for reading (`tierkv info`)."""
+    """Who holds the log's lock now (an engine that has it open), as /proc/locks tells, or
+    None (`tierkv info`). Read, not probed with a lock of its own: an open racing a probe
+    found the file locked and was refused."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        holder = _holder_of(os.stat(path))
     except OSError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        return _holder(fd)[0] if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
-    finally:
-        os.close(fd)  # and with it the probe's lock, if it got one
-    return None
+    return None if holder is None else holder[0]
 
 
 def _holder(fd: int) -> tuple[str, bool]:
     """Who holds the flock on `fd`'s file, as far as /proc/locks tells, and whether that is a
     live process (this one included)."""
     try:
-        info = os.fstat(fd)
-        table = Path("/proc/locks").read_text()
+        holder = _holder_of(os.fstat(fd))
     except OSError:
         return "held by another process", True
+    return ("held by another process", False) if holder is None else holder
+
+
+def _holder_of(info: os.stat_result) -> tuple[str, bool] | None:
+    """`_holder` of the file `info` describes; None when /proc/locks lists no flock on it."""
+    table = Path("/proc/locks").read_text()
     # /proc/locks names a file by its filesystem's device (hex major:minor) and inode
     ident = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
     for line in table.splitlines():
@@ -240,7 +240,7 @@ def _holder(fd: int) -> tuple[str, bool]:
         if pid == os.getpid():
             return f"held by this process (pid {pid})", True
         return f"held by pid {pid}{_command(pid)}", Path(f"/proc/{pid}").exists()
-    return "held by another process", False
+    return None
 
 
 def _command(pid: int) -> str:
