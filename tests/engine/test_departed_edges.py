@@ -383,6 +383,7 @@ _KILLED_WITH_A_VOLATILE_MIDDLE = textwrap.dedent("""
         await kv.put(b"b", b"B" * 100, parents=[b"a"])  # in the first tier only
         if how == "add_dependency":
             await kv.put(b"c", b"C" * 20000)
+            await kv.put(b"d", b"D" * 20000, parents=[b"c"])  # c on media has a child
             await kv.add_dependency(b"b", b"c")  # "on media when this returns"
         else:
             await kv.put(b"c", b"C" * 20000, parents=[b"b"])  # on media below it
@@ -410,8 +411,9 @@ def test_a_crash_keeps_the_edges_a_volatile_middle_key_held(tmp_path: Path, how:
         async with tierkv.open(cfg) as kv:
             assert await kv.get(b"b") is None
             assert await kv.get(b"c") == b"C" * 20000
-            assert await kv.invalidate(b"x" if how == "new_parent" else b"a") == 2  # and c
-            assert await kv.get(b"c") is None
+            removed = await kv.invalidate(b"x" if how == "new_parent" else b"a")
+            assert removed == (3 if how == "add_dependency" else 2)  # and c (and d)
+            assert await kv.get_many([b"c", b"d"]) == [None, None]
 
     asyncio.run(reopen())
 

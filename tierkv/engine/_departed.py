@@ -145,7 +145,9 @@ class DepartedEdges:
         dag = self._st.dag
         found: list[bytes] = []
         seen: set[bytes] = set() if itself else {key}
-        pending = [key] if itself else list(dag.parents(key))
+        # its parents whatever `key` is: one on media still gets a parent held in volatile
+        # copies only from `add_dependency`
+        pending = [*dag.parents(key), key] if itself else list(dag.parents(key))
         while pending:
             node = pending.pop()
             if node in seen or not self._held_volatile(node):
@@ -190,7 +192,7 @@ class DepartedEdges:
         st = self._st
         edges = self.current()
         covered = set(self._deltas)  # on media now: this record covers them
-        if edges == self._recorded:
+        if edges == self._recorded and not covered:
             return
         try:
             written = await keep_own(st, DEPARTED_EDGES_KEY,
@@ -209,8 +211,18 @@ class DepartedEdges:
 
     async def _delete_deltas(self, names: set[bytes]) -> None:
         """The full record on media covers these deltas: delete them (one whose delete fails
-        stays, and is read again at the next open: it only repeats edges)."""
+        stays, and is read again at the next open: it only repeats edges). The persistent
+        tiers are synced first: a key the full record left out as on media may have only a
+        copy the log has not written down yet."""
         st = self._st
+        if not names:
+            return
+        for index, tier in enumerate(st.tiers):
+            if tier.persistent and not tier.shared:
+                try:
+                    await st.commits[index].sync()
+                except TierKVError:
+                    return  # kept: the next full record deletes them
         for name in names:
             try:
                 await keep_own(st, name, None)
@@ -229,14 +241,17 @@ class DepartedEdges:
             st, DEPARTED_EDGES_KEY, decode_departed_edges,
             "the record of edges into departed keys is unreadable (what derives from keys "
             "that left is dropped)")
-        # every copy damaged: `cut_off_by_damage` drops what derives from keys that left
-        self.lost_at_open = not records and (
-            bool(st.own.get(DEPARTED_EDGES_KEY))
-            or any(DEPARTED_EDGES_KEY in tier.damaged_at_open() for tier in st.tiers))
+        damaged = {name for tier in st.tiers for name in tier.damaged_at_open()}
+        # every copy damaged (or a delta's one): `cut_off_by_damage` drops what derives from
+        # keys that left
+        self.lost_at_open = ((not records and (bool(st.own.get(DEPARTED_EDGES_KEY))
+                                              or DEPARTED_EDGES_KEY in damaged))
+                             or any(name.startswith(_DELTA) for name in damaged))
         for name in [name for name in st.own if name.startswith(_DELTA)]:
-            records += await read_records(st, name, decode_departed_edges,
-                                          "a delta of the record of departed edges is "
-                                          "unreadable")
+            delta = await read_records(st, name, decode_departed_edges,
+                                       "a delta of the record of departed edges is unreadable")
+            self.lost_at_open = self.lost_at_open or not delta
+            records += delta
             self._deltas.add(name)
             st.record_dropped[name] = self._unrecorded
             number = name[len(_DELTA):]

@@ -251,9 +251,10 @@ class Writes:
             if meta is None:
                 return
             rewritten: set[int] = set()
-            # `key` or `parent` may be held in volatile copies only, `key` with children on media
-            await self._departed.ahead_of(key, itself=True)
             try:
+                # `key` or `parent` may be held in volatile copies only, `key` with children
+                # on media (failing, the copies below are removed as for a failed rewrite)
+                await self._departed.ahead_of(key, itself=True)
                 await self._rewrite(entry, meta, claim, rewritten)
             except TierKVError as exc:
                 st.counters.dag_edges_unpersisted += 1
