@@ -418,6 +418,44 @@ def test_a_crash_keeps_the_edges_a_volatile_middle_key_held(tmp_path: Path, how:
     asyncio.run(reopen())
 
 
+_KILLED_WITH_A_MIDDLE_KEY_IN_THE_LOGS_BUFFER = textwrap.dedent("""
+    import asyncio, json, sys
+    import tierkv
+    config = json.loads(sys.argv[1])
+
+    async def main():
+        kv = await tierkv.open(config)
+        await kv.put(b"a", b"A" * 20000)  # larger than the first tier's slots: the pool
+        await kv.flush()
+        # the slowest tier meets a lax SLO: the log's buffer, written at the next flush
+        await kv.put(b"b", b"B" * 20000, parents=[b"a"], latency_slo=30.0)
+        await kv.put(b"c", b"C" * 20000, parents=[b"b"])  # the pool: on media at once
+        print("PUT", *[await kv.locate(key) for key in (b"a", b"b", b"c")], flush=True)
+        await asyncio.sleep(60)
+
+    asyncio.run(main())
+""")
+
+
+def test_a_crash_keeps_the_edges_of_a_key_the_log_had_not_written(tmp_path: Path) -> None:
+    """a (pool) -> b (the log's buffer only, write_back) -> c (pool), then `kill -9`: b is
+    lost with the buffer, c comes back. A copy in the log counted as on media, so no record
+    held a -> b, and invalidate(a) left c readable."""
+    cfg = _config(tmp_path)
+    cfg["tiers"][0].update(slot_size=4096, capacity=16 * 1024)
+    assert killed_after(_KILLED_WITH_A_MIDDLE_KEY_IN_THE_LOGS_BUFFER, cfg, 1) == [
+        ["PUT", "pmem", "nvme", "pmem"]]
+
+    async def reopen() -> None:
+        async with tierkv.open(cfg) as kv:
+            assert await kv.get(b"b") is None
+            assert await kv.get(b"c") == b"C" * 20000
+            assert await kv.invalidate(b"a") == 2  # and c
+            assert await kv.get(b"c") is None
+
+    asyncio.run(reopen())
+
+
 _KILLED_BELOW_A_HOT_PREFIX = textwrap.dedent("""
     import asyncio, json, sys
     import tierkv

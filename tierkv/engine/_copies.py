@@ -139,7 +139,7 @@ class CopyOps:
             if device.reclaims_space or (device.fits(nbytes)
                                          and (deadline is not None or not space.promised)):
                 if (device.persistent and not device.shared and st.dag.has_parents(entry.key)
-                        and await self._departed.ahead_of(entry.key)):
+                        and await self._departed.ahead_of(entry.key, into=tier)):
                     continue  # the record's write awaited: the room is looked at again
                 claim.mark(tier)
                 try:

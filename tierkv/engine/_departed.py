@@ -35,6 +35,12 @@ below a hot prefix) wrote a record the size of the first tier's contents per req
 churn in the log cost the trace replay 4 % of its hits. A delta no tier takes (counted, logged
 once) fails the write it came before with `DeviceError`: a move keeps its source, a put goes
 on to the next tier, a flush fails; written anyway, a crash left the copy linked to nothing.
+"On media" is what the tier says of its copy (`Tier.on_media`): a copy in the nvme log's
+buffer, or in a region written since its last sync, is not, as a `kill -9` loses it (a block
+put into the log whose child went into the pool came back without its parent's edge). Copies
+in the tier the write goes to count as on media: the log writes its records in the order they
+came (but for the two regions it may write at once), and counting them out would cost a
+synced record per block of a chain put into it.
 """
 
 from __future__ import annotations
@@ -91,21 +97,30 @@ class DepartedEdges:
             keys = keys | self._volatile
         return {key: tuple(sorted(dag.parents(key))) for key in keys}
 
-    def _held_volatile(self, key: bytes) -> bool:
-        """Whether `key` is stored, has parents, and no copy of it outlives a restart."""
-        entry = self._st.index.get(key)
-        return (entry is not None and self._st.dag.has_parents(key)
-                and not self._st.lasting_elsewhere(entry, -1))
+    def _held_volatile(self, key: bytes, into: int = -1) -> bool:
+        """Whether `key` is stored, has parents, and no copy of it is on media for sure (a
+        copy in the nvme log's buffer is not, nor one written since its last sync: a `kill -9`
+        loses it; the shared tier's and `into`'s count, see `ahead_of`)."""
+        st = self._st
+        entry = st.index.get(key)
+        if entry is None or not st.dag.has_parents(key):
+            return False
+        shared = st.scheduler.shared
+        return not any(tier in (shared, into) or st.tiers[tier].on_media(key)
+                       for tier in entry.locations)
 
-    async def ahead_of(self, key: bytes, *, itself: bool = False) -> bool:
-        """Before a copy of `key` is written to a persistent tier: record the edges of its
-        ancestors that only volatile copies hold (`itself`: of `key` too, if something derives
-        from it), in a delta record, synced, unless a record on media holds them (see the
-        module); whether it wrote one (awaited). Costs the parents of `key` when they are on
-        media or recorded."""
+    async def ahead_of(self, key: bytes, *, itself: bool = False, into: int = -1) -> bool:
+        """Before a copy of `key` is written to a persistent tier (`into`, if one): record
+        the edges of its ancestors that no copy on media holds (`itself`: of `key` too, if
+        something derives from it), in a delta record, synced, unless a record on media holds
+        them (see the module); whether it wrote one (awaited). Copies in `into` itself count as
+        on media: the log writes its records in order (but for the two regions it writes at
+        once), and would otherwise cost a record per block of a chain put into it. Costs the
+        parents of `key` when they are on media or recorded."""
         st = self._st
         dag = st.dag
-        found = self._unrecorded_ancestors(key, itself=itself and dag.has_children(key))
+        found = self._unrecorded_ancestors(key, itself=itself and dag.has_children(key),
+                                           into=into)
         if not found or not own_tiers(st):
             return False
         self._volatile.update(found)
@@ -138,7 +153,7 @@ class DepartedEdges:
             # flushed kept every delta: thousands of small objects in the pool)
         return True
 
-    def _unrecorded_ancestors(self, key: bytes, *, itself: bool) -> list[bytes]:
+    def _unrecorded_ancestors(self, key: bytes, *, itself: bool, into: int) -> list[bytes]:
         """`key`'s ancestors (and `key`, `itself`) held in volatile copies only, up to those
         on media, recorded or without parents; the walk stops at a recorded one (its own were
         recorded with it)."""
@@ -150,7 +165,7 @@ class DepartedEdges:
         pending = [*dag.parents(key), key] if itself else list(dag.parents(key))
         while pending:
             node = pending.pop()
-            if node in seen or not self._held_volatile(node):
+            if node in seen or not self._held_volatile(node, into):
                 continue
             seen.add(node)
             parents = dag.parents(node)

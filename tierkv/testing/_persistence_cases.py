@@ -17,6 +17,7 @@ from tierkv.testing._support import (
     media_dirs,
     payload_bytes,
 )
+from tierkv.tiers.base import Tier
 
 
 class PersistenceCases(ConformanceBase):
@@ -70,6 +71,8 @@ class PersistenceCases(ConformanceBase):
             del expected[key_of(404)]
             assert sum(tier.footprint(len(v)) for _m, v in expected.values()) < tier.capacity
             await tier.flush()
+            # what the flush made durable says so (the engine's record of edges relies on it)
+            assert all(tier.on_media(key) for key in expected)
             late = os.urandom(5000)
             await self._put(tier, key_of(460), late)
             self.crash_image(media, image)
@@ -90,6 +93,12 @@ class PersistenceCases(ConformanceBase):
             assert await crashed.get(key_of(404)) is None
         finally:
             await crashed.close()
+
+    async def test_a_flushed_copy_is_on_media_only_in_a_persistent_tier(self, tier: Tier) -> None:
+        """`on_media` is what a crash keeps: a volatile tier's copies are never there."""
+        await self._put(tier, key_of(470), b"x" * 100)
+        await tier.flush()
+        assert tier.on_media(key_of(470)) == tier.persistent
 
     @pytest.mark.parametrize("crashed", [False, True], ids=["closed", "crash-image"])
     async def test_corrupt_payload_is_a_miss(self, tmp_path: Path, crashed: bool) -> None:

@@ -214,6 +214,9 @@ class FaultyTier(Tier):
     def keys(self) -> Iterator[bytes]:
         return self.inner.keys()
 
+    def on_media(self, key: bytes) -> bool:
+        return self.inner.on_media(key)
+
     def forget(self, key: bytes) -> bool:
         return self.inner.forget(key)
 

@@ -222,6 +222,15 @@ class Tier(ABC):
     def keys(self) -> Iterator[bytes]:
         """The keys held now (a snapshot; safe to mutate the tier while iterating)."""
 
+    def on_media(self, key: bytes) -> bool:
+        """Whether the copy of `key` this tier holds (the caller knows it holds one) is synced
+        to its media now, so that it outlives a crash of the process or of the machine. Most
+        persistent tiers write through (this default: what they hold is on media); the nvme
+        log answers ``False`` for what sits in its buffers, or was written since its last
+        sync, until a flush (or its own write and a later flush's sync) puts it there."""
+        del key
+        return self.persistent
+
     def forget(self, key: bytes) -> bool:
         """Stop holding `key` without deleting it (shared tiers only: another engine's
         invalidation); whether it was held."""

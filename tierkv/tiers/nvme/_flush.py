@@ -87,11 +87,18 @@ class LogFlush:
         newest region use in the superblock once `previous` (the flush begun before) is done.
         A failure is recorded, for the flush that waits for this task and any later one."""
         st = self._st
+        # what of the head its writes issued so far (all in `writes`): synced below
+        issued = (head.seq, head.durable) if head is not None else (0, 0)
         try:
             await wait_all(writes)
             newest = self._checkpoint.newest_on_media()  # headers written before the sync
             _d, io, _sb = st.dev_io()
+            st.syncs_begun += 1
+            number = st.syncs_begun
             await io.sync()
+            st.synced = max(st.synced, number)
+            if head is not None and head.seq == issued[0] and head.failed is None:
+                head.synced_to = max(head.synced_to, issued[1])
             if previous is not None:
                 await wait_all({previous})
             if st.failures == st.failures_raised and (head is None or head.failed is None):

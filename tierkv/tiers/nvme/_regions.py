@@ -30,6 +30,12 @@ class Region:
     # bytes of the buffer whose write was issued (write-behind) or done; always a multiple of
     # the device block, so no block is written twice in one use of the region
     durable: int = 0
+    # bytes of this use a flush wrote and synced (`LogFlush._complete`): what of a HEAD or
+    # SEALING region outlives a crash for sure (`NvmeTier.on_media`)
+    synced_to: int = 0
+    # `LogState.syncs_begun` when this use's write as a whole ended (it became SEALED); a sync
+    # begun after it puts it on media for sure. -1: a region found on media at open
+    written_at: int = -1
     writes: set[asyncio.Task[None]] = field(default_factory=set)  # write-behind in flight
     failed: DeviceError | None = None  # the first write-behind failure of this use
     # The lowest buffer offset a failed write of this use began at: everything before it

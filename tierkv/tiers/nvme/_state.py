@@ -58,7 +58,7 @@ class LogState:
                  "next_seq", "on_drop", "pending_drops", "pool", "reclaim_worth",
                  "recovered_from",
                  "region_count", "regions", "reserve", "reuse_failed", "sb", "sealing",
-                 "superseded", "tick",
+                 "superseded", "synced", "syncs_begun", "tick",
                  "write_error")
 
     def __init__(self, name: str, config: NvmeTierConfig, region_count: int,
@@ -107,6 +107,11 @@ class LogState:
         #: the superblock after the one before it
         self.flushes: set[asyncio.Task[None]] = set()
         self.last_flush: asyncio.Task[None] | None = None
+        #: the flushes' syncs begun, and the highest number (in that count) of one that ended:
+        #: a region whose write ended before sync number n began is synced once n ended
+        #: (`Region.written_at`)
+        self.syncs_begun = 0
+        self.synced = 0
         self.recovered_from = "new"
         #: keys whose newest record the scan at open found damaged (`Tier.damaged_at_open`)
         self.damaged: set[bytes] = set()

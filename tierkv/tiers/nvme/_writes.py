@@ -99,7 +99,7 @@ class RegionWrites:
             log.error("%s: writing region %d failed: %s", st.name, region.index, exc)
             self.drop_failed(region, exc)
         else:
-            region.state = RegionState.SEALED
+            region.state, region.written_at = RegionState.SEALED, st.syncs_begun
             region.supersedes = {}  # its records now supersede on media (a new dict frees it)
         finally:
             if region.buffer is not None:
@@ -155,6 +155,7 @@ class RegionWrites:
         region.supersedes = {}
         if kept:
             region.state, region.used = RegionState.SEALED, min(region.used, cut)
+            region.written_at = st.syncs_begun
         else:
             region.shadows, region.state = set(), RegionState.FREE
             st.reserve.free += 1
@@ -255,6 +256,6 @@ class RegionWrites:
         if head.buffer is not None:
             st.pool.release(head.buffer)
             head.buffer = None
-        head.state = RegionState.SEALED
+        head.state, head.written_at = RegionState.SEALED, -1  # flushed: synced
         head.supersedes = {}
         st.head = None

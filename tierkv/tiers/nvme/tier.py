@@ -341,6 +341,17 @@ class NvmeTier(Tier):
     def keys(self) -> Iterator[bytes]:
         return self._st.index.keys()
 
+    def on_media(self, key: bytes) -> bool:
+        # entries in a buffer, or in a region written since the last sync, are not yet
+        st = self._st
+        loc = st.index.get(key)
+        if loc is None:
+            return False
+        region = st.regions[loc.region]
+        if region.state is RegionState.SEALED:
+            return region.written_at < st.synced
+        return loc.offset + loc.length <= region.synced_to
+
     async def flush(self) -> None:
         self._check_open()
         await self._flush.flush(self._check_open)
