@@ -74,21 +74,24 @@ class LogFlush:
             await self._log.settle_superseded()
         head = st.head
         writes = set(st.sealing)
+        issued = 0
         if head is not None:
             self._writes.write_behind(head)  # pads the head and issues what is left of it
             writes |= head.writes
-        task = spawn(self._complete(head, writes, st.last_flush), st.flushes)
+            issued = head.durable  # all in `writes`: synced by the task (not what comes after)
+        task = spawn(self._complete(head, issued, writes, st.last_flush), st.flushes)
         st.last_flush = task
         return head, task
 
-    async def _complete(self, head: Region | None, writes: set[asyncio.Task[None]],
+    async def _complete(self, head: Region | None, issued: int,
+                        writes: set[asyncio.Task[None]],
                         previous: asyncio.Task[None] | None) -> None:
-        """The flush's own task (nothing cancels it): wait for `writes`, sync, then record the
-        newest region use in the superblock once `previous` (the flush begun before) is done.
-        A failure is recorded, for the flush that waits for this task and any later one."""
+        """The flush's own task (nothing cancels it): wait for `writes`, sync (the head is then
+        on media up to `issued`), then record the newest region use in the superblock once
+        `previous` (the flush begun before) is done. A failure is recorded, for the flush that
+        waits for this task and any later one."""
         st = self._st
-        # what of the head its writes issued so far (all in `writes`): synced below
-        issued = (head.seq, head.durable) if head is not None else (0, 0)
+        seq = head.seq if head is not None else 0
         try:
             await wait_all(writes)
             newest = self._checkpoint.newest_on_media()  # headers written before the sync
@@ -97,8 +100,8 @@ class LogFlush:
             number = st.syncs_begun
             await io.sync()
             st.synced = max(st.synced, number)
-            if head is not None and head.seq == issued[0] and head.failed is None:
-                head.synced_to = max(head.synced_to, issued[1])
+            if head is not None and head.seq == seq and head.failed is None:
+                head.synced_to = max(head.synced_to, issued)
             if previous is not None:
                 await wait_all({previous})
             if st.failures == st.failures_raised and (head is None or head.failed is None):

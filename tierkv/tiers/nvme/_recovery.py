@@ -181,6 +181,10 @@ class NvmeRecovery:
         if scanned != sb:  # the checkpoint it could not use, or a floor over lost history
             st.sb = scanned.without_checkpoint()
             await self._checkpoint.write_superblock(st.sb)
+        # what a crash left written may never have been synced: it is now, so that what the
+        # scan found is on media (`NvmeTier.on_media`)
+        _d, io, _sb = st.dev_io()
+        await io.sync()
 
     async def _scan(self, sb: Superblock) -> Superblock:
         """Rebuild the index from the regions; returns `sb` as it must now be recorded.
