@@ -424,6 +424,26 @@ async def test_an_invalidation_made_while_the_server_is_down_is_published_when_i
         assert tier_stats(b)["log_history_lost"] == 0
 
 
+async def test_an_engine_that_read_on_into_a_new_log_still_finds_the_old_one_lost(
+        fresh_redis_server: RedisServer) -> None:
+    """After a ``FLUSHALL``, the first entry of the new log (another engine's invalidation)
+    came before B's survey: B's follower read on into the new log, its cursor then named an
+    entry there, and B never found the log it had read lost: it kept what the lost entries had
+    invalidated. (A fresh-clone CI run caught it, as a timing flake of the test below.)"""
+    server = fresh_redis_server
+    configs = [shared_config(url=server.url, timeout="300ms") for _ in range(2)]
+    async with engines(*configs) as (a, b):
+        await a.put(b"K", b"old")
+        await a.invalidate(b"unrelated")
+        await a.settle()
+        assert await b.get(b"K") == b"old"
+        await b.settle()
+        server.command("FLUSHALL")
+        await a.invalidate(b"other")  # the new log's first entry, before B's next survey
+        await eventually(lambda: dropped(b, b"K"), within=10.0)
+        assert tier_stats(b)["log_history_lost"] >= 1
+
+
 @pytest.mark.parametrize("loss", ["restarted-empty", "flushall-while-connected"])
 async def test_a_server_that_lost_its_log_makes_the_engines_drop_what_they_hold(
         fresh_redis_server: RedisServer, loss: str) -> None:

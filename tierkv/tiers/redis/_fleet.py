@@ -28,7 +28,9 @@ evicted under `maxmemory`. The log then has no horizon to say so, and reads as o
 happened. So each log has an *epoch*, a random id set beside it by the first engine that finds
 none (`_SURVEY`), and a position in the log is checked where it was read (`reaches`): a cursor
 after the horizon must still name an entry of the stream, and a cursor at the start (no entry
-read yet) must be of the same epoch. Where neither holds, what was invalidated meanwhile cannot
+read yet) must be of the same epoch, as must any position whose epoch is known (a follower
+may read on into a new log whose first entry came before its survey, its cursor then naming
+an entry there). Where any of this fails, what was invalidated meanwhile cannot
 be known, and the engine drops what it holds, as for a trimmed history. The follower surveys
 the log once a second while it reads it, not only when it reconnects: a log lost under a live
 connection fails no read, and a follower that had not read the last entries served what they
@@ -105,13 +107,18 @@ return {redis.call('GET', KEYS[2]), redis.call('GET', KEYS[3]) or false, found}
 
 
 def _reaches(cursor: int, epoch: bytes | None, survey: tuple[bytes, int, bool]) -> bool:
-    """`Fleet.reaches` of a survey of the log (`_SURVEY`): a cursor at or before the
-    horizon reaches it only if it is the horizon (nothing after it was trimmed); one after it
-    only if its entry is still there; no cursor (nothing read yet) only in the same log."""
+    """`Fleet.reaches` of a survey of the log (`_SURVEY`): never from another log (`epoch`
+    known and not the log's now); a cursor at or before the horizon reaches it only if it is
+    the horizon (nothing after it was trimmed); one after it only if its entry is still there.
+    The epoch decides also where the cursor's entry is there: a follower that read on into a
+    new log (another engine's first invalidation in it came before its survey) holds a cursor
+    naming an entry of the new log, and took the loss of the old one for nothing."""
     epoch_now, horizon, found = survey
+    if epoch is not None and epoch != epoch_now:
+        return False
     if cursor > 0:
         return cursor == horizon if cursor <= horizon else found
-    return epoch is None or epoch == epoch_now
+    return True
 
 
 def _entries(keys: Sequence[bytes]) -> list[list[bytes]]:
