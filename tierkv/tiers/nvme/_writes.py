@@ -234,6 +234,15 @@ class RegionWrites:
             region.used += size
 
     async def _write_range(self, region: Region, start: int, end: int) -> None:
+        # after the use's header, never before: a record of a use whose header a crash lost
+        # stayed on media, found by no scan (the old header stood, so the use's seq was issued
+        # again at the next open), until a later use of the region took that seq and a scan
+        # took the record for one of its own
+        st = self._st
+        while not region.header_written and region.failed is None:
+            await st.wait_changed()
+        if not region.header_written:
+            return  # the header failed: nothing of this use counts (`drop_failed`)
         try:
             await self.write_buffer(region, start, end)
         except DeviceError as exc:

@@ -53,8 +53,11 @@ the delete/overwrite was flushed: a region holding a record that supersedes one 
 region (an overwrite or a tombstone) is not reclaimed before that older region
 (`Region.shadows`; the oldest sealed region is always eligible, so LRU degrades towards FIFO
 only under heavy overwriting), and a region taken for reuse gets its new header written first
-of its writes (in the background, not holding puts), which makes its old records stale for the
-scan; regions superseding those records become reclaimable only once that write has completed.
+of its writes (in the background, not holding puts; the use's other writes wait for it: a
+record on media before its header is found by no scan, and a crash between them left the use's
+seq to be issued again, to a use that took the record for its own), which makes its old records
+stale for the scan; regions superseding those records become reclaimable only once that write
+has completed.
 A failed region write (EIO, ENOSPC...) loses only what it carried: the region up to its first
 failed piece is on media (earlier flushes stay true, live and after reopen) and stays SEALED with
 those entries (`RegionWrites.drop_failed`); later entries are dropped. Their records never
