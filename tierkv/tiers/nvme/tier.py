@@ -84,6 +84,8 @@ agree (``regions_unordered``; see `_recovery`). An older region whose header is 
 makes each key its records name a miss where older (``regions_unidentified``); a region
 rolled back to an older intact copy of itself goes undetected.
 Media shorter than the log opens with what is left: regions past its end are empty.
+At open the newest region takes appends again where it has room (`_resume`), so an open's
+first appends reclaim nothing in a full log.
 When free regions cannot hold the checkpoint at close (a log too small for the reservation, one
 whose every sealed region waited for another when it was to be restored, or writing it fails),
 none is recorded and the next open scans. A scan leaves a region whose use holds no entry FREE.
@@ -137,6 +139,7 @@ from tierkv.tiers.nvme._introspection import describe_log, log_stats, probe
 from tierkv.tiers.nvme._log import RegionLog
 from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import RegionState, Superseded
+from tierkv.tiers.nvme._resume import resume_head
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._timing import time_device_read
 from tierkv.tiers.nvme._writes import RegionWrites
@@ -236,6 +239,7 @@ class NvmeTier(Tier):
             # now, not in the put that rotates the head (a 64 MiB prefault stalled the loop, and
             # each new tier's first fill ran at about half speed; docs/benchmarks-nvme.md)
             st.pool.warm(self.config.region_size, 1 + SEALS_IN_FLIGHT)
+            await resume_head(st)
         except BaseException:
             # unlinked while the fd still holds the lock: no other opener can be using it yet
             if device.created:

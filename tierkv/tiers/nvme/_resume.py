@@ -1,0 +1,51 @@
+"""At open: the newest region, if it has room left, becomes the head again (`resume_head`).
+
+Otherwise the first append after an open (the engine writes its own records at once) rotated
+into a new region, and in a full log that meant a reclaim of the oldest one, dropping what it did
+not copy forward: every restart of a full log cost a region, and a `kill -9` and reopen of a log
+over half full lost a region of flushed objects the crashed process still held. Appends go on
+after the newest region's last record instead, in its use: the records it holds are on media
+(synced at the close that wrote the checkpoint, or by the open after a scan), so its buffer is
+read back for the head's reads and only what follows is ever written, from the next device
+block on (no block is written twice in one use; a block a crash left torn, past the last record
+the scan found, is skipped). Only the region of the newest use the log has issued: a use issued
+after it (a region kept FREE for the checkpoint got an empty header) would hold records ordered
+after every record appended here, so then a rotation opens a new head as before.
+"""
+
+from __future__ import annotations
+
+from tierkv.errors import DeviceError
+from tierkv.formats.nvme_layout import align_up
+from tierkv.tiers.nvme._regions import RegionState
+from tierkv.tiers.nvme._state import LogState, log
+
+
+async def resume_head(st: LogState) -> None:
+    """Make the newest sealed region the head again where it has room (see the module); a
+    failed read of it leaves it sealed, for the first append to rotate past as before."""
+    newest = max((r for r in st.regions if r.state is RegionState.SEALED),
+                 key=lambda r: r.seq, default=None)
+    if newest is None or newest.seq != st.next_seq - 1 or newest.readers:
+        return
+    start = align_up(newest.used, st.align)
+    if start >= st.config.region_size:
+        return
+    _d, io, _sb = st.dev_io()
+    buffer = st.pool.acquire(st.config.region_size, prefault=True)
+    try:
+        # a cancelled read returns once the device is done with the buffer (`BlockIO`)
+        await io.read(buffer, st.offset(newest.index), start)
+    except DeviceError as exc:
+        st.pool.release(buffer)
+        log.warning("%s: reading region %d back to append to it failed (%s): the next append "
+                    "opens a new region", st.name, newest.index, exc)
+        return
+    except BaseException:
+        st.pool.release(buffer)
+        raise
+    newest.buffer = buffer
+    newest.state = RegionState.HEAD
+    newest.used = newest.durable = newest.synced_to = start
+    newest.failed, newest.failed_at, newest.supersedes = None, None, {}
+    st.head = newest
