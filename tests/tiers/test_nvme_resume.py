@@ -12,11 +12,24 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.tiers._nvme_support import REGION, key, meta_of, nvme_config, payload_for
+from tests.tiers._nvme_support import (
+    REGION,
+    flip_byte,
+    key,
+    meta_of,
+    nvme_config,
+    payload_for,
+    walk_records,
+)
+from tierkv.errors import DeviceError
+from tierkv.formats.header import ObjectHeader, checksum, encode_header
+from tierkv.formats.nvme_layout import ENTRY_GRANULARITY, entry_size
 from tierkv.testing import payload_bytes
+from tierkv.tiers.nvme.io._blockio import BlockIO
 from tierkv.tiers.nvme.tier import NvmeTier
 
 SIZE = 8000
@@ -80,3 +93,116 @@ async def test_a_full_log_reopened_appends_without_reclaiming(tmp_path: Path, ho
             await _all_there(last, count + 4)
         finally:
             await last.close()
+
+
+class FailingWrites:
+    """The tier's block device, every write failing (EIO) while `fail`."""
+
+    def __init__(self, inner: BlockIO) -> None:
+        self.inner = inner
+        self.fail = False
+
+    async def write(self, buf: Any, offset: int, length: int, start: int = 0, *,
+                    urgent: bool = False) -> None:
+        if self.fail:
+            raise DeviceError("injected EIO", errno=5)
+        await self.inner.write(buf, offset, length, start, urgent=urgent)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_failed_write_in_a_resumed_head_keeps_its_tombstones(tmp_path: Path) -> None:
+    """The resumed region held only tombstones (and a dead entry): a failed write above the
+    resume point freed it, as a region holding nothing, its next use made the tombstones
+    stale, and a crash brought the deleted value back."""
+    config = nvme_config(tmp_path, regions=4, reinsert_hits=0)
+    tier = NvmeTier(config)
+    await tier.open()
+    try:
+        count = 0
+        while tier.stats()["regions_used"] < 2:  # until a put rotates into a second region
+            await _put(tier, count)
+            count += 1
+        assert await tier.delete(key(count - 1))  # the second region now holds nothing live
+        assert await tier.delete(key(0))  # its record in the first, its tombstone in the second
+        await tier.flush()
+    finally:
+        await tier.close()
+    again = NvmeTier(config)
+    devices: list[FailingWrites] = []
+
+    def wrap(io: BlockIO) -> BlockIO:
+        devices.append(FailingWrites(io))
+        return devices[-1]
+
+    again.wrap_io = wrap
+    await again.open()
+    try:
+        devices[0].fail = True
+        await _put(again, 10_000)
+        with pytest.raises(DeviceError):
+            await again.flush()
+        devices[0].fail = False
+        data = payload_for(10_001, SIZE)
+        # the failed write dropped key 10000: this put reports it
+        assert await again.put(key(10_001), meta_of(data), memoryview(data)) == [key(10_000)]
+        await again.flush()
+        image = _crash_image(tmp_path, tmp_path / "image")
+    finally:
+        await again.close()
+    crashed = NvmeTier(nvme_config(image, regions=4, reinsert_hits=0))
+    await crashed.open()
+    try:
+        assert await crashed.get(key(0)) is None
+        got = await crashed.get(key(10_001))
+        assert got is not None and payload_bytes(got[1]) == payload_for(10_001, SIZE)
+    finally:
+        await crashed.close()
+
+
+async def test_nothing_is_appended_over_a_damaged_record_of_the_newest_region(
+        tmp_path: Path) -> None:
+    """K's newest record (two whole blocks: nothing pads after it) had a damaged prefix: the
+    scan made K a miss (never the value before), but the resume point came before the record,
+    the next append wrote over it, and after a crash the older value was served."""
+    config = nvme_config(tmp_path, regions=4)
+    tier = NvmeTier(config)
+    await tier.open()
+    try:
+        old = b"v1" * 1000
+        await tier.put(key(0), meta_of(old), memoryview(old))
+        await tier.flush()  # pads to a block boundary: the next record starts a block
+        size = 8192 - 200
+        while True:
+            new = payload_for(1, size)
+            header = encode_header(ObjectHeader(key(0), meta_of(new, 2), checksum(new)))
+            length = entry_size(len(header), size, ENTRY_GRANULARITY)
+            if length == 8192:
+                break
+            size += 8192 - length if length < 8192 else -ENTRY_GRANULARITY
+        await tier.put(key(0), meta_of(new, 2), memoryview(new))
+        await tier.flush()
+        image = _crash_image(tmp_path, tmp_path / "image")
+    finally:
+        await tier.close()
+    [newest] = [r for r in walk_records((image / "tier.log").read_bytes())
+                if r.key == key(0) and r.length == 8192]
+    flip_byte(image / "tier.log", newest.at + 24, mask=1)  # a bit of its prefix's checksum
+    damaged = NvmeTier(nvme_config(image, regions=4))
+    await damaged.open()
+    try:
+        assert key(0) in damaged.damaged_at_open() and await damaged.get(key(0)) is None
+        await _put(damaged, 7)
+        await damaged.flush()
+        again = _crash_image(image, tmp_path / "again")
+    finally:
+        await damaged.close()
+    last = NvmeTier(nvme_config(again, regions=4))
+    await last.open()
+    try:
+        assert await last.get(key(0)) is None
+        got = await last.get(key(7))
+        assert got is not None and payload_bytes(got[1]) == payload_for(7, SIZE)
+    finally:
+        await last.close()

@@ -207,7 +207,8 @@ class RegionLog:
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
         write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
         # durable 0: nothing issued yet, so `place` writes nothing behind before the header
-        region.used, region.durable, region.live, region.synced_to = st.align, 0, 0, 0
+        region.used, region.durable, region.live = st.align, 0, 0
+        region.synced_to = region.resumed_at = 0
         region.failed, region.failed_at, region.header_written = None, None, False
         region.supersedes = {}
         region.last_access = st.tick

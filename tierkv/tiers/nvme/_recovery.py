@@ -222,7 +222,12 @@ class NvmeRecovery:
                 continue
             region = st.regions[scanned.index]
             region.state, region.seq = RegionState.SEALED, scanned.seq
-            region.used, region.header_written = scanned.found.used, True
+            # a damaged record's extent is unknown (its prefix may be what failed): nothing
+            # is appended after it (`_resume`), or a resumed head could write over the record
+            # that tombstones its key and bring an older one back
+            region.used = (scanned.found.used if not scanned.found.corrupt
+                           else st.config.region_size)
+            region.header_written = True
             for entry in scanned.found.entries:
                 if entry.damaged:
                     # what it held is lost, and it superseded the key's older records: a miss,

@@ -36,6 +36,9 @@ class Region:
     # `LogState.syncs_begun` when this use's write as a whole ended (it became SEALED); a sync
     # begun after it puts it on media for sure. -1: a region found on media at open
     written_at: int = -1
+    # where appends of this use began at this open (`_resume`); 0: a use opened by this process.
+    # Its records below are on media, tombstones among them: a failed write above keeps them
+    resumed_at: int = 0
     writes: set[asyncio.Task[None]] = field(default_factory=set)  # write-behind in flight
     failed: DeviceError | None = None  # the first write-behind failure of this use
     # The lowest buffer offset a failed write of this use began at: everything before it

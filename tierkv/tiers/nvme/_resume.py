@@ -10,7 +10,11 @@ read back for the head's reads and only what follows is ever written, from the n
 block on (no block is written twice in one use; a block a crash left torn, past the last record
 the scan found, is skipped). Only the region of the newest use the log has issued: a use issued
 after it (a region kept FREE for the checkpoint got an empty header) would hold records ordered
-after every record appended here, so then a rotation opens a new head as before.
+after every record appended here, so then a rotation opens a new head as before. Not a region
+the scan found a damaged record in: its extent is unknown (`_recovery` counts such a region
+full), and an append over it wrote over the record that made its key a miss, bringing the key's
+older value back. A failed write above the resume point keeps the region, with the records
+below it (its tombstones may be all it holds: `RegionWrites.drop_failed`).
 """
 
 from __future__ import annotations
@@ -46,6 +50,6 @@ async def resume_head(st: LogState) -> None:
         raise
     newest.buffer = buffer
     newest.state = RegionState.HEAD
-    newest.used = newest.durable = newest.synced_to = start
+    newest.used = newest.durable = newest.synced_to = newest.resumed_at = start
     newest.failed, newest.failed_at, newest.supersedes = None, None, {}
     st.head = newest

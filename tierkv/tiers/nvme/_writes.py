@@ -137,8 +137,9 @@ class RegionWrites:
             st.forget(key)
         superseded = {key for key, end in region.supersedes.items() if end > cut}
         # a tombstone or overwrite before the cut supersedes on media only while this region
-        # is there, so it stays SEALED for those too
-        kept = kept or len(superseded) < len(region.supersedes)
+        # is there, so it stays SEALED for those too; so does a head resumed at open, whose
+        # records below the resume point (tombstones too) are on media (`_resume`)
+        kept = kept or len(superseded) < len(region.supersedes) or cut >= region.resumed_at > 0
         keys = frozenset(superseded.union(lost))
         if keys:
             # a shadowed region reused since this one opened (a newer seq) is named by EARLIER:
