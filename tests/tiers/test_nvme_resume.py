@@ -27,7 +27,12 @@ from tests.tiers._nvme_support import (
 )
 from tierkv.errors import DeviceError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
-from tierkv.formats.nvme_layout import ENTRY_GRANULARITY, entry_size
+from tierkv.formats.nvme_layout import (
+    ENTRY_GRANULARITY,
+    SUPERBLOCK_SIZE,
+    decode_superblock,
+    entry_size,
+)
 from tierkv.testing import payload_bytes
 from tierkv.tiers.nvme.io._blockio import BlockIO
 from tierkv.tiers.nvme.tier import NvmeTier
@@ -206,3 +211,40 @@ async def test_nothing_is_appended_over_a_damaged_record_of_the_newest_region(
         assert got is not None and payload_bytes(got[1]) == payload_for(7, SIZE)
     finally:
         await last.close()
+
+
+async def test_a_region_whose_header_was_damaged_since_the_checkpoint_is_not_resumed(
+        tmp_path: Path) -> None:
+    """The checkpoint names the newest region and the open took it as the head without
+    reading its header: appended to and flushed, then a crash, and the scan found the region
+    the superblock named gone: what was flushed after the damage was lost, and every older
+    region with it. Now only that region's own objects are lost."""
+    config = nvme_config(tmp_path, regions=6, reinsert_hits=0)
+    tier = NvmeTier(config)
+    await tier.open()
+    try:
+        for i in range(4):  # a region's worth and a little more: the second is the head
+            data = payload_for(i, 300_000)
+            await tier.put(key(i), meta_of(data), memoryview(data))
+    finally:
+        await tier.close()
+    log = tmp_path / "tier.log"
+    sb = decode_superblock(log.read_bytes()[:SUPERBLOCK_SIZE])
+    flip_byte(log, sb.region_offset(sb.newest_index) + 16, mask=1)
+    damaged = NvmeTier(config)
+    await damaged.open()
+    try:
+        await _put(damaged, 100)
+        await damaged.flush()
+        image = _crash_image(tmp_path, tmp_path / "image")
+    finally:
+        await damaged.close()
+    crashed = NvmeTier(nvme_config(image, regions=6, reinsert_hits=0))
+    await crashed.open()
+    try:
+        got = await crashed.get(key(100))
+        assert got is not None and payload_bytes(got[1]) == payload_for(100, SIZE)
+        first = await crashed.get(key(0))  # in the first region, undamaged
+        assert first is not None and payload_bytes(first[1]) == payload_for(0, 300_000)
+    finally:
+        await crashed.close()

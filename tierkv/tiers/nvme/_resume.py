@@ -13,14 +13,16 @@ after it (a region kept FREE for the checkpoint got an empty header) would hold 
 after every record appended here, so then a rotation opens a new head as before. Not a region
 the scan found a damaged record in: its extent is unknown (`_recovery` counts such a region
 full), and an append over it wrote over the record that made its key a miss, bringing the key's
-older value back. A failed write above the resume point keeps the region, with the records
-below it (its tombstones may be all it holds: `RegionWrites.drop_failed`).
+older value back. Not a region whose header does not read back (damaged since a checkpoint named
+it): a later scan dropped it with everything appended, and every older region with it. A failed
+write above the resume point keeps the region, with the records below it (its tombstones may be
+all it holds: `RegionWrites.drop_failed`).
 """
 
 from __future__ import annotations
 
 from tierkv.errors import DeviceError
-from tierkv.formats.nvme_layout import align_up
+from tierkv.formats.nvme_layout import align_up, decode_region_header
 from tierkv.tiers.nvme._regions import RegionState
 from tierkv.tiers.nvme._state import LogState, log
 
@@ -35,7 +37,7 @@ async def resume_head(st: LogState) -> None:
     start = align_up(newest.used, st.align)
     if start >= st.config.region_size:
         return
-    _d, io, _sb = st.dev_io()
+    _d, io, sb = st.dev_io()
     buffer = st.pool.acquire(st.config.region_size, prefault=True)
     try:
         # a cancelled read returns once the device is done with the buffer (`BlockIO`)
@@ -48,6 +50,13 @@ async def resume_head(st: LogState) -> None:
     except BaseException:
         st.pool.release(buffer)
         raise
+    if decode_region_header(buffer.view, sb.uuid, newest.index) != newest.seq:
+        # damaged since the checkpoint named it: appended to, its records (the new ones too)
+        # were lost at the next scan, with every older region (the superblock's newest gone)
+        st.pool.release(buffer)
+        log.warning("%s: the header of region %d does not read back: the next append opens a "
+                    "new region", st.name, newest.index)
+        return
     newest.buffer = buffer
     newest.state = RegionState.HEAD
     newest.used = newest.durable = newest.synced_to = newest.resumed_at = start
