@@ -23,6 +23,11 @@ of a reclaimed region such a tier copies forward instead of dropping is the owne
 it registers what keeping each is worth (it knows what the cache holds elsewhere and what each
 object is worth); without that the tier's own rule decides.
 
+Durability: `flush()` makes everything put before it durable; between flushes `on_media(key)`
+says whether one copy already is (a write-through tier's at once; the nvme log's once a sync
+covered its write), which the engine asks before it writes below a key whose edges only that
+copy's header holds.
+
 Concurrency: all coroutines may be called concurrently from tasks of one event loop. A `get`
 that overlaps a `delete` of the same key returns either the whole object or ``None``. The owner
 orders operations on one key (the engine never runs two writes or deletes of a key into one tier
