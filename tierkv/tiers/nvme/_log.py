@@ -207,10 +207,9 @@ class RegionLog:
         region.buffer = st.pool.acquire(st.config.region_size, prefault=True)
         write_region_header(region.buffer.view, sb.uuid, region.seq, region.index, st.align)
         # durable 0: nothing issued yet, so `place` writes nothing behind before the header
-        region.used, region.durable, region.live = st.align, 0, 0
-        region.synced_to = region.resumed_at = 0
+        region.used, region.durable, region.live, region.synced_to = st.align, 0, 0, 0
         region.failed, region.failed_at, region.header_written = None, None, False
-        region.supersedes = {}
+        region.resumed_at, region.supersedes = 0, {}
         region.last_access = st.tick
         st.head = region
         # they fit: they all came from one region of the same geometry
@@ -374,7 +373,7 @@ class RegionLog:
         """
         st = self._st
         _d, io, sb = st.dev_io()
-        if region.buffer is not None:
+        if region.buffer is not None and loc.offset >= region.resumed_at:
             data = bytearray(region.buffer.view[loc.offset : loc.offset + loc.length])
         else:
             start = loc.offset // st.align * st.align

@@ -5,18 +5,18 @@ into a new region, and in a full log that meant a reclaim of the oldest one, dro
 not copy forward: every restart of a full log cost a region, and a `kill -9` and reopen of a log
 over half full lost a region of flushed objects the crashed process still held. Appends go on
 after the newest region's last record instead, in its use: the records it holds are on media
-(synced at the close that wrote the checkpoint, or by the open after a scan), so its buffer is
-read back for the head's reads and only what follows is ever written, from the next device
-block on (no block is written twice in one use; a block a crash left torn, past the last record
-the scan found, is skipped). Only the region of the newest use the log has issued: a use issued
-after it (a region kept FREE for the checkpoint got an empty header) would hold records ordered
-after every record appended here, so then a rotation opens a new head as before. Not a region
-the scan found a damaged record in: its extent is unknown (`_recovery` counts such a region
-full), and an append over it wrote over the record that made its key a miss, bringing the key's
-older value back. Not a region whose header does not read back (damaged since a checkpoint named
-it): a later scan dropped it with everything appended, and every older region with it. A failed
-write above the resume point keeps the region, with the records below it (its tombstones may be
-all it holds: `RegionWrites.drop_failed`).
+(synced at the close that wrote the checkpoint, or by the open after a scan) and are read from
+the device as before (`RegionLog.read_entry`); only what follows is ever written, from the next
+device block on (no block is written twice in one use; a block a crash left torn, past the last
+record the scan found, is skipped). Only the region of the newest use the log has issued: a use
+issued after it (a region kept FREE for the checkpoint got an empty header) would hold records
+ordered after every record appended here, so then a rotation opens a new head as before. Not a
+region the scan found a damaged record in: its extent is unknown (`_recovery` counts such a
+region full), and an append over it wrote over the record that made its key a miss, bringing
+the key's older value back. Not a region whose header does not read back (damaged since a
+checkpoint named it): a later scan dropped it with everything appended, and every older region
+with it. A failed write above the resume point keeps the region, with the records below it (its
+tombstones may be all it holds: `RegionWrites.drop_failed`).
 """
 
 from __future__ import annotations
@@ -38,25 +38,25 @@ async def resume_head(st: LogState) -> None:
     if start >= st.config.region_size:
         return
     _d, io, sb = st.dev_io()
-    buffer = st.pool.acquire(st.config.region_size, prefault=True)
+    block = st.pool.acquire(st.align)
     try:
         # a cancelled read returns once the device is done with the buffer (`BlockIO`)
-        await io.read(buffer, st.offset(newest.index), start)
+        await io.read(block, st.offset(newest.index), st.align)
+        header = decode_region_header(block.view, sb.uuid, newest.index)
     except DeviceError as exc:
-        st.pool.release(buffer)
-        log.warning("%s: reading region %d back to append to it failed (%s): the next append "
-                    "opens a new region", st.name, newest.index, exc)
+        log.warning("%s: reading the header of region %d failed (%s): the next append opens "
+                    "a new region", st.name, newest.index, exc)
         return
-    except BaseException:
-        st.pool.release(buffer)
-        raise
-    if decode_region_header(buffer.view, sb.uuid, newest.index) != newest.seq:
+    finally:
+        st.pool.release(block)
+    if header != newest.seq:
         # damaged since the checkpoint named it: appended to, its records (the new ones too)
         # were lost at the next scan, with every older region (the superblock's newest gone)
-        st.pool.release(buffer)
         log.warning("%s: the header of region %d does not read back: the next append opens a "
                     "new region", st.name, newest.index)
         return
+    # the records below `start` stay on the device and are read from there (`read_entry`)
+    buffer = st.pool.acquire(st.config.region_size, prefault=True)
     newest.buffer = buffer
     newest.state = RegionState.HEAD
     newest.used = newest.durable = newest.synced_to = newest.resumed_at = start
