@@ -28,6 +28,16 @@ from tierkv.tiers.nvme.io._aligned import AlignedBuffer
 WRITE_CHUNK = 1 << 20
 
 
+def write_failure(name: str, index: int, exc: Exception) -> DeviceError:
+    """What a region write that raised `exc` failed with. Any exception counts as the write's
+    failure, not only `DeviceError`: the background writes record a failure only as one, and
+    anything else escaped their task unseen, so the region counted as written (sealed, then
+    synced by a flush that returned) and the writes waiting for its header waited forever."""
+    if isinstance(exc, DeviceError):
+        return exc
+    return DeviceError(f"{name}: writing region {index} failed: {exc!r}")
+
+
 class RegionWrites:
     """Writing region buffers to the device in the background; see `tierkv.tiers.nvme.tier`."""
 
@@ -75,11 +85,12 @@ class RegionWrites:
         try:
             write_region_header(buf.view, sb.uuid, seq, region.index, st.align)
             await io.write(buf, st.offset(region.index), st.align, urgent=True)
-        except DeviceError as exc:
+        except Exception as exc:
+            failure = write_failure(st.name, region.index, exc)
             log.error("%s: writing the empty header of region %d failed: %s", st.name,
-                      region.index, exc)
+                      region.index, failure)
             if region.state is RegionState.FREE and region.failed is None:
-                region.failed = exc
+                region.failed = failure
         else:
             st.counters["bytes_written"] += st.align
             st.pending_drops.pop(region.index, None)
@@ -200,10 +211,13 @@ class RegionWrites:
                     if isinstance(result, BaseException):
                         failed_from = a  # the pieces before it are on media
                         raise result
-        except DeviceError:
+        except Exception as exc:
             if region.failed_at is None or failed_from < region.failed_at:
                 region.failed_at = failed_from
-            raise
+            failure = write_failure(st.name, region.index, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         st.counters["bytes_written"] += end - start
 
     def write_behind(self, region: Region, *, whole_chunks: bool = False) -> None:
