@@ -89,7 +89,7 @@ class Expected:
         if returned:
             self.may[k] = {outcome}
 
-    def on_drop(self, keys: Sequence[bytes]) -> None:
+    def on_drop(self, keys: Sequence[bytes], _for_room: bool) -> None:
         """The drop listener: gone now, unless the operation in flight stores it again."""
         for k in keys:
             self.dropped.add(k)
@@ -299,11 +299,14 @@ class DropLog:
         self.tier = tier
         self.during: str | None = None
         self.reports: list[tuple[str | None, frozenset[bytes], bool]] = []
+        #: whether each report was of keys dropped for room (a reclaim)
+        self.for_room: list[bool] = []
         tier.set_drop_listener(self)
 
-    def __call__(self, keys: Sequence[bytes]) -> None:
+    def __call__(self, keys: Sequence[bytes], for_room: bool) -> None:
         held = set(self.tier.keys())
         self.reports.append((self.during, frozenset(keys), any(k in held for k in keys)))
+        self.for_room.append(for_room)
 
 
 async def test_reclaiming_put_reports_victim_before_returning(tmp_path: Path) -> None:
@@ -325,6 +328,7 @@ async def test_reclaiming_put_reports_victim_before_returning(tmp_path: Path) ->
         assert reported == set(returned) and key(0) in reported
         assert not still_held
         assert [r[0] for r in drops.reports] == [during]  # reported once, by that put
+        assert drops.for_room == [True]
     finally:
         await tier.close()
 
@@ -335,9 +339,12 @@ async def test_reclaiming_delete_reports_victim_before_returning(tmp_path: Path)
     await tier.open()
     drops = DropLog(tier)
     try:
-        count = 3 * per_region(8000) - 4  # three regions nearly full, nothing dropped
+        # three regions nearly full, nothing dropped; small entries, so that the tombstones
+        # filling the head delete little of the log: still over half live, it reclaims the
+        # oldest region (a mostly free log reclaims its emptiest, `_keep.choose_victim`)
+        count = 3 * per_region(1000) - 4
         for i in range(count):
-            data = payload_for(i, 8000)
+            data = payload_for(i, 1000)
             assert not await tier.put(key(i), meta_of(data), memoryview(data))
         for i in range(count - 1, 0, -1):  # tombstones fill the head until one reclaims region 0
             drops.during = f"delete {i}"
@@ -347,9 +354,10 @@ async def test_reclaiming_delete_reports_victim_before_returning(tmp_path: Path)
                 break
         during, reported, still_held = drops.reports[0]
         assert during == f"delete {i}" and key(0) in reported and not still_held
-        data = payload_for(1000, 8000)
+        assert drops.for_room[0]
+        data = payload_for(10_000, 8000)
         # keys dropped inside a delete are returned by the next put, as before the listener
-        assert set(await tier.put(key(1000), meta_of(data), memoryview(data))) >= reported
+        assert set(await tier.put(key(10_000), meta_of(data), memoryview(data))) >= reported
     finally:
         await tier.close()
 
@@ -368,6 +376,7 @@ async def test_get_failing_its_checksum_reports_the_key(tmp_path: Path) -> None:
         drops.during = "get 7"
         assert await again.get(key(7)) is None
         assert drops.reports == [("get 7", frozenset({key(7)}), False)]
+        assert drops.for_room == [False]  # its copy failed: not an eviction
         assert again.stats()["checksum_failures"] == 1
     finally:
         await again.close()

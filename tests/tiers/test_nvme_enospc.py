@@ -88,7 +88,7 @@ class Writer:
         self.n = 0
         tier.set_drop_listener(self._dropped)
 
-    def _dropped(self, keys: Sequence[bytes]) -> None:
+    def _dropped(self, keys: Sequence[bytes], _for_room: bool) -> None:
         ids = [key_id(k) for k in keys]
         for i in ids:
             self.version[i] = 0

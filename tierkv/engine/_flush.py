@@ -22,6 +22,7 @@ there is nothing to do, so a task flushing in a loop never starves the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from tierkv._concurrency import bounded_map
@@ -91,9 +92,11 @@ class Flusher:
                 for index, tier in enumerate(st.tiers):
                     if tier.persistent:
                         await st.commits[index].sync()
+                while st.stranding:  # objects whose lasting copies a reclaim dropped: gone
+                    await asyncio.wait(set(st.stranding))
                 # a copy written and gone by the time its sync returned: moved up since (an
                 # exclusive promotion), dropped by a failed write whose error an earlier flush
-                # took, or demoted and dropped by a full log's reclaim: either way this flush
+                # took, or pinned and dropped by a full log's reclaim: either way this flush
                 # has not made it durable yet; write it once more
                 lost = [(entry, placed) for entry, placed in persisted if not entry.detached
                         and not any(st.tiers[t].persistent for t in entry.locations)]
@@ -104,7 +107,7 @@ class Flusher:
                     failures.append(DeviceError(
                         f"{len(lost)} objects flush wrote into tier {st.names[lost[0][1]]!r} "
                         "lost their persistent copies before the sync returned (a failed write, "
-                        "or the tiers below had to drop them for room)"))
+                        "or pinned objects the tiers below had to drop for room)"))
             if failures:
                 raise failures[0]
         finally:

@@ -84,14 +84,14 @@ def _reclaim_worth(state: EngineState, tier: int, key: bytes) -> float | None:
 
 
 def _dropped_at_open(state: EngineState, tier: int, dropped: set[bytes],
-                     keys: Sequence[bytes]) -> None:
+                     keys: Sequence[bytes], for_room: bool) -> None:
     """A tier dropped copies while the engine indexes what the tiers recovered: those indexed
     already are forgotten, the others are not indexed (`_adopt`); both count as drops (the
     open evicted them)."""
     dropped.update(keys)
     state.counters.drops += sum(1 for key in keys
                                 if key not in state.index and not is_engine_key(key))
-    state.dropped(tier, keys)
+    state.dropped(tier, keys, for_room)
 
 
 def _keep_all(_key: bytes) -> float:

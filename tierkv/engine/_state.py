@@ -97,6 +97,11 @@ class EngineState:
         self.tasks: set[asyncio.Task[None]] = set()
         #: the cleanup of cancelled writes (`CopyOps.scrub`), installed by the engine
         self.scrub: Scrub | None = None
+        #: what makes objects a tier dropped the last lasting copies of for room leave the
+        #: cache (`Moves.leave_stranded`), installed by the engine; its runs, which a flush
+        #: waits for before it counts what it wrote and lost (`stranding`)
+        self.leave_stranded: Callable[[list[IndexEntry]], Coroutine[Any, Any, None]] | None = None
+        self.stranding: set[asyncio.Task[None]] = set()
         #: by engine record, told of the tier that dropped it on its own (a reclaim of the log
         #: that found no room to keep it), which writes it again (`_membership`, at once) or
         #: marks it unwritten (`_departed`, `_tombstones`: the next flush writes it)
@@ -201,9 +206,15 @@ class EngineState:
                     if not self.in_use(parent):
                         self.index.unlink(parent)
 
-    def dropped(self, tier: int, keys: Sequence[bytes]) -> None:
-        """`tier` dropped these keys' copies on its own (a reclaim; called as it drops them):
-        the index forgets them; an engine record goes to `record_dropped`."""
+    def dropped(self, tier: int, keys: Sequence[bytes], for_room: bool = False) -> None:
+        """`tier` dropped these keys' copies on its own (called as it drops them): the index
+        forgets them; an engine record goes to `record_dropped`. Dropped `for_room` (a reclaim),
+        a copy that was its object's last lasting one while volatile tiers hold the object:
+        the object leaves the cache (`leave_stranded`), as a drop out of the last tier makes it
+        (`Moves._leave`). Kept there, it stayed served while a crash would lose it: a flush or
+        a write-through put silently undone, and with more volatile than lasting room a flush
+        wrote it again and again, each time dropping others, and raised for good."""
+        stranded: list[IndexEntry] = []
         for key in keys:
             if is_engine_key(key):
                 listener = self.record_dropped.get(key)
@@ -216,6 +227,13 @@ class EngineState:
                 self.counters.evictions[self.names[tier]] += 1
                 if self.index.remove_copy(entry, tier):
                     self.counters.drops += 1
+                elif (for_room and self.tiers[tier].persistent and key not in self.pins
+                      and not self.lasting_elsewhere(entry, tier)):
+                    stranded.append(entry)
+        if stranded and self.leave_stranded is not None:
+            task = self.spawn(self.leave_stranded(stranded))
+            self.stranding.add(task)
+            task.add_done_callback(self.stranding.discard)
 
     def lasting_elsewhere(self, entry: IndexEntry, tier: int) -> bool:
         """Whether a copy of `entry` other than `tier`'s outlives a restart (in a persistent

@@ -78,7 +78,9 @@ class Engine(ReadCalls, ObserveCalls):
         self._departed = DepartedEdges(st)
         copies = CopyOps(st, self._departed)
         st.scrub = copies.scrub
-        self._executor = MoveExecutor(st, Moves(st, copies, self._departed))
+        moves = Moves(st, copies, self._departed)
+        st.leave_stranded = moves.leave_stranded
+        self._executor = MoveExecutor(st, moves)
         self._shared = Shared(st, self._executor)
         self._reads = Reads(st, copies, self._executor, self._shared)
         self._writes = Writes(st, copies, self._departed)
@@ -97,11 +99,8 @@ class Engine(ReadCalls, ObserveCalls):
         #: the one close, which every `close` call waits for
         self._closing: asyncio.Future[None] | None = None
         first = config.tiers[0]
-        self.device = (
-            getattr(self.tiers[0], "device", torch.device("cpu"))
-            if isinstance(first, GpuTierConfig)
-            else torch.device("cpu")
-        )
+        self.device = (getattr(self.tiers[0], "device", torch.device("cpu"))
+                       if isinstance(first, GpuTierConfig) else torch.device("cpu"))
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _start(self) -> None:

@@ -18,7 +18,10 @@ scheduler picks and retries. Log-structured tiers (NVMe, `reclaims_space`) recla
 themselves: their `put` returns the keys it dropped to make room; an owner that must know at once
 (the engine's index, whose later operations on those keys must not be undone by a late report)
 registers a drop listener, which the tier calls on the loop, synchronously, in the same step that
-drops the keys: before any later operation on the tier can store them again. Which live entries
+drops the keys: before any later operation on the tier can store them again, saying whether it
+dropped them for room (a reclaim: an eviction, which the owner may follow through above) or
+because their copies failed (a failed write, a failed checksum: copies elsewhere stay good).
+Which live entries
 of a reclaimed region such a tier copies forward instead of dropping is the owner's to say where
 it registers what keeping each is worth (it knows what the cache holds elsewhere and what each
 object is worth); without that the tier's own rule decides.
@@ -55,8 +58,9 @@ from tierkv.config.schema import TierKind
 from tierkv.errors import EngineClosedError
 from tierkv.formats.value import ObjectMeta, Payload
 
-#: what `Tier.set_drop_listener` registers: called with the keys a tier dropped on its own
-DropListener = Callable[[Sequence[bytes]], None]
+#: what `Tier.set_drop_listener` registers: called with the keys a tier dropped on its own,
+#: and whether it dropped them for room (True) or because their copies failed (False)
+DropListener = Callable[[Sequence[bytes], bool], None]
 #: what `Tier.set_reclaim_worth` registers: what copying a live entry of a region being
 #: reclaimed forward is worth (0 or less: drop it; infinite: it must stay; ``None``: the
 #: tier's own rule decides for this entry)
@@ -99,7 +103,7 @@ class Tier(ABC):
         self._space_listener: Callable[[], None] | None = None
 
     def set_drop_listener(self, listener: DropListener | None) -> None:
-        """Call `listener(keys)` whenever the tier drops keys on its own (see the module
+        """Call `listener(keys, for_room)` whenever the tier drops keys on its own (see the module
         docstring); at most one listener, ``None`` removes it."""
         self._drop_listener = listener
 
@@ -125,10 +129,11 @@ class Tier(ABC):
         if self._space_listener is not None:
             self._space_listener()
 
-    def _dropped(self, keys: Sequence[bytes]) -> None:
-        """Report keys the tier dropped on its own; subclasses call it as they drop them."""
+    def _dropped(self, keys: Sequence[bytes], for_room: bool = False) -> None:
+        """Report keys the tier dropped on its own, for room or not; subclasses call it as
+        they drop them."""
         if keys and self._drop_listener is not None:
-            self._drop_listener(keys)
+            self._drop_listener(keys, for_room)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def open(self) -> list[RecoveredObject]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 
 from tierkv._concurrency import outlive_cancel
-from tierkv.config import RegionEviction
 from tierkv.errors import CorruptObjectError, DeviceError
 from tierkv.formats.header import ObjectHeader, checksum, encode_header
 from tierkv.formats.nvme_layout import (
@@ -42,7 +41,7 @@ from tierkv.formats.nvme_layout import (
 )
 from tierkv.formats.value import ObjectMeta, ValueKind
 from tierkv.tiers.nvme._index import Location
-from tierkv.tiers.nvme._keep import HotEntry, entries_to_keep
+from tierkv.tiers.nvme._keep import HotEntry, choose_victim, entries_to_keep
 from tierkv.tiers.nvme._regions import Region, RegionState, Superseded
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
 from tierkv.tiers.nvme._tasks import settle, spawn
@@ -269,10 +268,7 @@ class RegionLog:
         st = self._st
         if not st.reuse_failed:  # close's last flush: not into a region whose write failed
             victims = [r for r in victims if r.failed is None] or victims
-        if st.config.eviction is RegionEviction.LRU:
-            victim = min(victims, key=lambda r: (r.last_access, r.seq))
-        else:
-            victim = min(victims, key=lambda r: r.seq)
+        victim = choose_victim(st, victims)
         asked: set[bytes] = set()
         hot: list[HotEntry] = []
         while more := entries_to_keep(st, victim, room, asked, hot):
@@ -296,7 +292,7 @@ class RegionLog:
             st.pending_drops.setdefault(victim.index, set()).update(dropped)
         st.counters["regions_reclaimed"] += 1
         st.counters["entries_dropped"] += len(dropped)
-        st.drop(dropped)
+        st.drop(dropped, for_room=True)
         return victim, hot
 
     async def _restore_reserve(self, keep: int) -> None:
@@ -332,7 +328,7 @@ class RegionLog:
         st.counters["reserve_reclaims"] += 1
         if dropped:
             st.pending_drops.setdefault(victim.index, set()).update(dropped)
-        st.drop(dropped)
+        st.drop(dropped, for_room=True)
         seq, st.next_seq = st.next_seq, st.next_seq + 1
         waiting = [r for r in st.regions if victim.index in r.shadows]
         # the entries kept went into the head's buffer: written out now, and the empty header,

@@ -33,8 +33,8 @@ log = logging.getLogger("tierkv.tiers.nvme.tier")
 #: sealed regions written in the background at once; a rotation waits for a slot
 SEALS_IN_FLIGHT = 2
 
-#: what the state reports dropped keys to (the tier's `Tier._dropped`)
-DropReport = Callable[[Sequence[bytes]], None]
+#: what the state reports dropped keys to (the tier's `Tier._dropped`), and whether for room
+DropReport = Callable[[Sequence[bytes], bool], None]
 
 
 class LogState:
@@ -147,13 +147,14 @@ class LogState:
         self.changed.clear()
         await self.changed.wait()
 
-    def drop(self, keys: Sequence[bytes]) -> None:
-        """`keys` were just dropped from the index by the log itself (reclaim, failed write):
-        tell the owner now (`on_drop`), and keep them for the next `put` to return, which may be
-        another than the one that dropped them (or none, if that one was cancelled)."""
+    def drop(self, keys: Sequence[bytes], *, for_room: bool = False) -> None:
+        """`keys` were just dropped from the index by the log itself (a reclaim, `for_room`;
+        a failed write): tell the owner now (`on_drop`), and keep them for the next `put` to
+        return, which may be another than the one that dropped them (or none, if that one was
+        cancelled)."""
         if keys:
             self.lost.extend(keys)
-            self.on_drop(keys)
+            self.on_drop(keys, for_room)
 
     def failed_write(self, exc: DeviceError) -> None:
         """A region write or a sync failed: the next flush, and any running, raises it."""

@@ -16,15 +16,17 @@ whole blocks, into a pooled aligned buffer and the entry is copied out, so the c
 
 Space: `capacity` is the region area (region count times region size) less the regions kept
 FREE for the checkpoint (see Recovery). When no region is free beyond those, puts reclaim a
-whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read (``"lru"``)
-— that no read is using: its entries that the owner values (`Tier.set_reclaim_worth`,
-most valuable first; without it, those read at least `reinsert_hits` times since they were
-written, most read first; none where `reinsert_hits` is 0) are copied into the head as far as
-they leave room for the entry that needed it, the rest are dropped and their keys returned by that
-`put` (keys dropped by a reclaim inside `delete`, or inside a `put` that was cancelled,
-are returned by the next `put`). Every key the tier drops on its own (reclaim, a failed region
-write, an entry failing its checksum at `get`) is reported to the drop listener
-(`Tier.set_drop_listener`) on the loop, in the step that drops it, before anything else runs;
+whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read (``"lru"``),
+or, while live entries fill at most half the log, the one with the fewest live bytes
+(`_keep.choose_victim`) — that no read is using: its entries that the owner values
+(`Tier.set_reclaim_worth`, most valuable first; without it, those read at least
+`reinsert_hits` times since they were written, most read first; none where `reinsert_hits` is
+0) are copied into the head as far as they leave room for the entry that needed it, the rest
+are dropped and their keys returned by that `put` (keys dropped by a reclaim inside `delete`,
+or inside a `put` that was cancelled, are returned by the next `put`). Every key the tier drops
+on its own (reclaim, for room; a failed region write or an entry failing its checksum at `get`,
+not for room) is reported to the drop listener (`Tier.set_drop_listener`) on the loop, in the
+step that drops it, before anything else runs;
 that includes the previous entry of the key a `put` is storing, which the put's return leaves
 out. An entry must fit in one region (`can_ever_hold`); `fits` is therefore true for anything
 `can_ever_hold` accepts.
