@@ -1,10 +1,10 @@
 """What a put records beside its value, and `put_many`'s items, checked whole before anything
-is stored."""
+is stored, then put in order along their chains."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypeVar, cast
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar, cast
 
 from tierkv.formats.header import check_header
 from tierkv.formats.value import ObjectMeta, Value, value_meta
@@ -76,3 +76,34 @@ def _pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
                                 + (f" of {len(item)}" if isinstance(item, tuple) else ""))
             pairs.append(cast("tuple[KeyT, ValueT]", item))
     return pairs
+
+
+async def put_chains(puts: list[tuple[KeyT, ValueT, tuple[Key, ...]]],
+                     put: Callable[[KeyT, ValueT, tuple[Key, ...]], Awaitable[None]],
+                     current: Callable[[bytes], Any],
+                     remove: Callable[[bytes], Awaitable[int]]) -> int:
+    """Put `puts` (`checked_puts`) in order with `put`; how many were stored. A block linked
+    to a parent block of the call is put only while that parent holds the value this call
+    stored (`current`: the key's index entry), and removed again (`remove`, an invalidation)
+    if that value left while the block was put: it derives from a value that was removed.
+    The blocks below it are then not put either. An invalidation of the parent (another
+    engine's, applied here by the fleet's follower) that ran between two puts of the call
+    cut the parent from its own parent, and the later blocks, linked to it alone, outlived
+    a new value of the chain's first block."""
+    stored: dict[bytes, Any] = {}
+    count = 0
+    for key, value, parents in puts:
+        linked = [encode_key(parent) for parent in parents]
+        if any(stored.get(parent) is None or current(parent) is not stored[parent]
+               for parent in linked):
+            continue
+        await put(key, value, parents)
+        raw = encode_key(key)
+        if any(current(parent) is not stored[parent] for parent in linked):
+            await remove(raw)
+            continue
+        entry = current(raw)
+        if entry is not None:  # else the put ended invalidated, or its value left already
+            stored[raw] = entry
+            count += 1
+    return count

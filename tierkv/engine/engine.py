@@ -38,7 +38,7 @@ from tierkv.engine._departed import DepartedEdges
 from tierkv.engine._executor import MoveExecutor
 from tierkv.engine._flush import Flusher
 from tierkv.engine._invalidate import Invalidations
-from tierkv.engine._items import checked_puts, put_parents
+from tierkv.engine._items import checked_puts, put_chains, put_parents
 from tierkv.engine._membership import insist_on_records
 from tierkv.engine._moves import Moves
 from tierkv.engine._observe_calls import ObserveCalls
@@ -274,15 +274,15 @@ class Engine(ReadCalls, ObserveCalls):
         Blocks of several prompts may be mixed in one call: each is linked to its own parent
         only (a key put just before it is not taken for its parent), and a `BlockKey` built
         without a `parent_digest` is linked to none; a `BlockKey` equal to one earlier in the
-        call (a prefix two prompts share) is put once, the first time. The `TypeError`s,
+        call (a prefix two prompts share) is put once, the first time. A block whose parent
+        block of the call no longer holds the value the call put (invalidated meanwhile) is not
+        stored, nor the blocks below it (`_items.put_chains`). The `TypeError`s,
         `ValueError`s and `LimitExceededError`s of bad items are raised before anything is
         stored."""
         puts = checked_puts(items, self._writes.check_header_room)
         with self._span(PUT_MANY) as span:
-            count = 0
-            for key, value, parents in puts:
-                await self.put(key, value, parents=parents)
-                count += 1
+            count = await put_chains(puts, lambda k, v, p: self.put(k, v, parents=p),
+                                     self._st.index.get, self._invalidations.invalidate)
             if span is not None:
                 span.set_attribute("tierkv.keys", count)
 
