@@ -57,3 +57,34 @@ async def test_large_puts_into_a_mostly_free_log_drop_nothing(
             assert got is not None and bytes(got[1]) == payload_for(i, SMALL), i
     finally:
         await again.close()
+
+
+async def test_without_copying_forward_the_configured_order_picks_the_victim(
+        tmp_path: Path) -> None:
+    """With `reinsert_hits = 0` nothing is copied forward, so every reclaim drops its victim
+    whole, mostly free log or not: the least recently read region goes (`eviction = "lru"`),
+    not the emptiest one, whose few live entries were read the most recently."""
+    config = nvme_config(tmp_path, regions=8, reinsert_hits=0, eviction=RegionEviction.LRU)
+    tier = NvmeTier(config)
+    await tier.open()
+    try:
+        for i in range(COLD):  # the first region: never read
+            await _put(tier, i, SMALL)
+        hot = list(range(100, 100 + 6 * COLD, COLD))
+        for i in range(100, 100 + 6 * COLD):  # six regions, one live entry each
+            await _put(tier, i, SMALL)
+            if i not in hot:
+                assert await tier.delete(key(i))
+        for i in hot:  # read: their regions are the recently used ones
+            assert await tier.get(key(i)) is not None
+        for i in range(1000, 1004):
+            data = payload_for(i, LARGE)
+            dropped = await tier.put(key(i), meta_of(data), memoryview(data))
+            if dropped:  # the regions read least recently: the cold one first
+                assert {key(i) for i in range(COLD)} <= set(dropped)
+                assert key(hot[-1]) not in dropped  # read last
+                break
+        else:
+            pytest.fail("no put reclaimed a region")
+    finally:
+        await tier.close()

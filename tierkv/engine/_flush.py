@@ -92,7 +92,7 @@ class Flusher:
                 for index, tier in enumerate(st.tiers):
                     if tier.persistent:
                         await st.commits[index].sync()
-                while st.stranding:  # objects whose lasting copies a reclaim dropped: gone
+                if st.stranding:  # objects whose lasting copies a reclaim dropped: gone
                     await asyncio.wait(set(st.stranding))
                 # a copy written and gone by the time its sync returned: moved up since (an
                 # exclusive promotion), dropped by a failed write whose error an earlier flush

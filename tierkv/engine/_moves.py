@@ -122,19 +122,18 @@ class Moves:
             st.counters.drops += 1
         return True
 
-    async def leave_stranded(self, entries: list[IndexEntry]) -> None:
-        """A tier dropped these objects' last lasting copies for room (the nvme log's reclaim):
-        each leaves the cache, its volatile copies too, as `_leave` makes a drop's object leave
+    async def leave_stranded(self, entry: IndexEntry) -> None:
+        """A tier dropped this object's last lasting copy for room (the nvme log's reclaim):
+        it leaves the cache, its volatile copies too, as `_leave` makes a drop's object leave
         (`EngineState.dropped`), unless it changed meanwhile (written again, a lasting copy
         made, pinned: it stays)."""
         st = self._st
-        for entry in entries:
-            async with st.keys.hold(entry.key) as claim:
-                if (st.index.get(entry.key) is not entry or entry.key in st.pins
-                        or st.lasting_elsewhere(entry, -1)):
-                    continue
-                if await self._remove(entry, list(entry.locations), claim):
-                    st.counters.drops += 1
+        async with st.keys.hold(entry.key) as claim:
+            if (st.index.get(entry.key) is not entry or entry.key in st.pins
+                    or st.lasting_elsewhere(entry, -1)):
+                return
+            if await self._remove(entry, list(entry.locations), claim):
+                st.counters.drops += 1
 
     async def _remove(self, entry: IndexEntry, tiers: list[int], claim: Claim) -> bool:
         """Remove `entry`'s copies in `tiers`, in order; whether the last removal was the

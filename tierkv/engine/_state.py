@@ -100,7 +100,7 @@ class EngineState:
         #: what makes objects a tier dropped the last lasting copies of for room leave the
         #: cache (`Moves.leave_stranded`), installed by the engine; its runs, which a flush
         #: waits for before it counts what it wrote and lost (`stranding`)
-        self.leave_stranded: Callable[[list[IndexEntry]], Coroutine[Any, Any, None]] | None = None
+        self.leave_stranded: Callable[[IndexEntry], Coroutine[Any, Any, None]] | None = None
         self.stranding: set[asyncio.Task[None]] = set()
         #: by engine record, told of the tier that dropped it on its own (a reclaim of the log
         #: that found no room to keep it), which writes it again (`_membership`, at once) or
@@ -230,8 +230,10 @@ class EngineState:
                 elif (for_room and self.tiers[tier].persistent and key not in self.pins
                       and not self.lasting_elsewhere(entry, tier)):
                     stranded.append(entry)
-        if stranded and self.leave_stranded is not None:
-            task = self.spawn(self.leave_stranded(stranded))
+        if self.leave_stranded is None or self.closing:
+            return  # at close the volatile copies go with the engine
+        for entry in stranded:  # one task each: a key held long holds up no other
+            task = self.spawn(self.leave_stranded(entry))
             self.stranding.add(task)
             task.add_done_callback(self.stranding.discard)
 

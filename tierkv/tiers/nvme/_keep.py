@@ -31,11 +31,13 @@ class HotEntry:
 
 def choose_victim(st: LogState, victims: list[Region]) -> Region:
     """The region of `victims` to reclaim: by the configured eviction order, unless the log is
-    `mostly_free`. Then nothing is evicted for its age, only moved, and the region with the
-    fewest live bytes makes the room with the least copying: the oldest region, full of live
+    `mostly_free` and copies entries forward (`reinsert_hits` not 0, as `entries_to_keep`
+    says). Then nothing is evicted for its age, only moved, and the region with the fewest
+    live bytes makes the room with the least copying: the oldest region, full of live
     entries, kept only what left a large put its room and dropped the rest (10 of 15 cold
-    objects of a log a third full, for one put of 700 KB)."""
-    if mostly_free(st):
+    objects of a log a third full, for one put of 700 KB). Without copying forward every
+    reclaim drops its victim whole, and the configured order says which."""
+    if st.config.reinsert_hits and mostly_free(st):
         return min(victims, key=lambda r: (r.live, r.seq))
     if st.config.eviction is RegionEviction.LRU:
         return min(victims, key=lambda r: (r.last_access, r.seq))

@@ -17,9 +17,9 @@ whole blocks, into a pooled aligned buffer and the entry is copied out, so the c
 Space: `capacity` is the region area (region count times region size) less the regions kept
 FREE for the checkpoint (see Recovery). When no region is free beyond those, puts reclaim a
 whole *victim* region — oldest first (``eviction = "fifo"``) or least recently read (``"lru"``),
-or, while live entries fill at most half the log, the one with the fewest live bytes
-(`_keep.choose_victim`) — that no read is using: its entries that the owner values
-(`Tier.set_reclaim_worth`, most valuable first; without it, those read at least
+or, while live entries fill at most half the log and `reinsert_hits` is not 0, the one with
+the fewest live bytes (`_keep.choose_victim`) — that no read is using: its entries that the
+owner values (`Tier.set_reclaim_worth`, most valuable first; without it, those read at least
 `reinsert_hits` times since they were written, most read first; none where `reinsert_hits` is
 0) are copied into the head as far as they leave room for the entry that needed it, the rest
 are dropped and their keys returned by that `put` (keys dropped by a reclaim inside `delete`,
@@ -341,6 +341,15 @@ class NvmeTier(Tier):
             old = st.forget(key)
             self._log.place(key, tomb, header, payload=b"", flags=TOMBSTONE, size=size,
                             shadowed=old)
+            # the head waits for each region a reclaim dropped the key from until that region's
+            # next header is on media, as it waits for `old`'s: reclaimed first (a mostly free
+            # log reclaims its emptiest region first), a crash left the dropped record the only
+            # one of the key on media, and the deleted value came back (the head's shadows are
+            # counted in the checkpoint's reserve already)
+            head = st.head
+            assert head is not None
+            head.shadows.update(index for index, keys in st.pending_drops.items()
+                                if key in keys and index != head.index)
         return True
 
     async def contains(self, key: bytes) -> bool:
