@@ -4,7 +4,7 @@ is stored, then put in order along their chains."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 from tierkv.formats.header import check_header
 from tierkv.formats.value import ObjectMeta, Value, value_meta
@@ -80,30 +80,30 @@ def _pairs(items: Mapping[KeyT, ValueT] | Iterable[tuple[KeyT, ValueT]]
 
 async def put_chains(puts: list[tuple[KeyT, ValueT, tuple[Key, ...]]],
                      put: Callable[[KeyT, ValueT, tuple[Key, ...]], Awaitable[None]],
-                     current: Callable[[bytes], Any],
-                     remove: Callable[[bytes], Awaitable[int]]) -> int:
-    """Put `puts` (`checked_puts`) in order with `put`; how many were stored. A block linked
-    to a parent block of the call is put only while that parent holds the value this call
-    stored (`current`: the key's index entry), and removed again (`remove`, an invalidation)
-    if that value left while the block was put: it derives from a value that was removed.
-    The blocks below it are then not put either. An invalidation of the parent (another
-    engine's, applied here by the fleet's follower) that ran between two puts of the call
-    cut the parent from its own parent, and the later blocks, linked to it alone, outlived
-    a new value of the chain's first block."""
-    stored: dict[bytes, Any] = {}
+                     stored: Callable[[bytes], bool], linked: Callable[[bytes], bool],
+                     remove: Callable[[KeyT], Awaitable[int]]) -> int:
+    """Put `puts` (`checked_puts`) in order with `put`; how many were stored. A block is put
+    only below a parent block of the call that was stored (`stored`: the key holds a value)
+    and is still linked to what it was linked to when it was, and is removed again (`remove`,
+    an invalidation) if the parent was cut from that while the block was put: the block
+    derives from a value that was removed, and linked to the cut parent alone it would outlive
+    a new value of the chain's first block. An invalidation of the parent (another engine's,
+    applied here by the fleet's follower) ran between two puts of the call and did just that.
+    A parent merely overwritten meanwhile (another prompt putting the same block) keeps its
+    links (`linked`: the key has parents in the DAG); one that left the cache childless loses
+    them, and the blocks below it (orphans, worth nothing to a prefix lookup) go too."""
+    done: dict[bytes, bool] = {}  # the blocks stored, each: whether it had parents then
     count = 0
     for key, value, parents in puts:
-        linked = [encode_key(parent) for parent in parents]
-        if any(stored.get(parent) is None or current(parent) is not stored[parent]
-               for parent in linked):
+        above = [encode_key(parent) for parent in parents]
+        if any(parent not in done or (done[parent] and not linked(parent)) for parent in above):
             continue
         await put(key, value, parents)
-        raw = encode_key(key)
-        if any(current(parent) is not stored[parent] for parent in linked):
-            await remove(raw)
+        if any(done[parent] and not linked(parent) for parent in above):
+            await remove(key)
             continue
-        entry = current(raw)
-        if entry is not None:  # else the put ended invalidated, or its value left already
-            stored[raw] = entry
+        raw = encode_key(key)
+        if stored(raw):  # else the put ended invalidated, or its value left already
+            done[raw] = linked(raw)
             count += 1
     return count

@@ -275,14 +275,15 @@ class Engine(ReadCalls, ObserveCalls):
         only (a key put just before it is not taken for its parent), and a `BlockKey` built
         without a `parent_digest` is linked to none; a `BlockKey` equal to one earlier in the
         call (a prefix two prompts share) is put once, the first time. A block whose parent
-        block of the call no longer holds the value the call put (invalidated meanwhile) is not
+        block of the call was invalidated meanwhile (or left the cache childless) is not
         stored, nor the blocks below it (`_items.put_chains`). The `TypeError`s,
         `ValueError`s and `LimitExceededError`s of bad items are raised before anything is
         stored."""
         puts = checked_puts(items, self._writes.check_header_room)
         with self._span(PUT_MANY) as span:
             count = await put_chains(puts, lambda k, v, p: self.put(k, v, parents=p),
-                                     self._st.index.get, self._invalidations.invalidate)
+                                     self._st.index.__contains__, self._st.dag.has_parents,
+                                     self.invalidate)
             if span is not None:
                 span.set_attribute("tierkv.keys", count)
 

@@ -143,6 +143,7 @@ from tierkv.tiers.nvme._recovery import NvmeRecovery
 from tierkv.tiers.nvme._regions import RegionState, Superseded
 from tierkv.tiers.nvme._resume import resume_head
 from tierkv.tiers.nvme._state import SEALS_IN_FLIGHT, LogState, log
+from tierkv.tiers.nvme._tasks import settle
 from tierkv.tiers.nvme._timing import time_device_read
 from tierkv.tiers.nvme._writes import RegionWrites
 from tierkv.tiers.nvme.io._blockio import BlockIO
@@ -336,16 +337,22 @@ class NvmeTier(Tier):
             header = encode_header(ObjectHeader(key, tomb, checksum(b"")))
             size = entry_size(len(header), 0, st.grain)
             await self._log.make_room(size)
+            # the regions a reclaim dropped the key from: their new headers' writes end first
+            # (a header on media makes the dropped record stale; one that failed leaves it)
+            for index, keys in list(st.pending_drops.items()):
+                if key in keys:
+                    await settle(st.regions[index].writes)
             # no await from here: the key leaves the index in the step its tombstone is placed
             # (a reclaim in `make_room` may have dropped it already; the tombstone still goes)
             old = st.forget(key)
             self._log.place(key, tomb, header, payload=b"", flags=TOMBSTONE, size=size,
                             shadowed=old)
-            # the head waits for each region a reclaim dropped the key from until that region's
-            # next header is on media, as it waits for `old`'s: reclaimed first (a mostly free
-            # log reclaims its emptiest region first), a crash left the dropped record the only
-            # one of the key on media, and the deleted value came back (the head's shadows are
-            # counted in the checkpoint's reserve already)
+            # and the head waits for each region whose new header failed until its next one
+            # is on media, as it waits for `old`'s: reclaimed first (a mostly free log reclaims
+            # its emptiest region first), a crash left the dropped record the only one of the
+            # key on media, and the deleted value came back. (Added while such a write was in
+            # flight, the shadow stayed after it succeeded: it names its waiting regions as it
+            # starts. The head's shadows are counted in the checkpoint's reserve already.)
             head = st.head
             assert head is not None
             head.shadows.update(index for index, keys in st.pending_drops.items()
