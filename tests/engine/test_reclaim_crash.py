@@ -1,8 +1,9 @@
 """An object the nvme log's reclaim copies forward survives a `kill -9`.
 
-A flushed object sits in the log's oldest region; overwrites of another key fill the log until
-that region is reclaimed, which keeps the object (copies it into the new head, the reclaimed
-region itself) rather than dropping it. The writer is then killed with SIGKILL, no flush in
+A flushed object, read a few times, sits in the log's oldest region with objects never read that
+keep the log over half live (a mostly free log reclaims its emptiest region first, not its
+oldest); overwrites of another key fill the log until that region is reclaimed, which keeps the
+object (copies it into the new head, the reclaimed region itself) rather than dropping it. The writer is then killed with SIGKILL, no flush in
 between. The reused region's new header, which makes its old records stale, used to reach the
 media alone, the copied entry only with the head's later writes: after the kill, the flushed
 object was gone in every run.
@@ -32,6 +33,10 @@ _WRITER = textwrap.dedent("""
     async def main():
         kv = await tierkv.open(config)
         await kv.put(b"A", b"flushed" * 4096)
+        for _ in range(3):  # read: worth copying forward (`reinsert_hits`)
+            await kv.get(b"A")
+        for i in range(100):  # never read: the log over half live, so FIFO takes A's region
+            await kv.put(b"C%d" % i, b"c" * 32768)
         await kv.flush()
         for n in range(100_000):
             await kv.put(b"B", b"%d" % n * 4096)
@@ -65,6 +70,7 @@ def _killed_after_its_line(config: dict[str, Any]) -> str:
 async def test_an_object_a_reclaim_kept_survives_a_kill_9(tmp_path: Path) -> None:
     config = hierarchy_config(tmp_path, ("nvme",),
                               nvme={"capacity": 6 * MiB, "region_size": MiB})
+    config["scheduler"] = {"policy": "lru"}  # the log's own rule: kept if read twice
     state = json.loads(_killed_after_its_line(config))
     assert state["located"] == "nvme" and state["reinserted"] >= 1  # kept, not dropped
     async with tierkv.open(config) as kv:

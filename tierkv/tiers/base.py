@@ -21,10 +21,9 @@ registers a drop listener, which the tier calls on the loop, synchronously, in t
 drops the keys: before any later operation on the tier can store them again, saying whether it
 dropped them for room (a reclaim: an eviction, which the owner may follow through above) or
 because their copies failed (a failed write, a failed checksum: copies elsewhere stay good).
-Which live entries
-of a reclaimed region such a tier copies forward instead of dropping is the owner's to say where
-it registers what keeping each is worth (it knows what the cache holds elsewhere and what each
-object is worth); without that the tier's own rule decides.
+Which live entries of a reclaimed region such a tier copies forward instead of dropping is the
+owner's to say where it registers what keeping each is worth (it knows what the cache holds
+elsewhere and what each object is worth); without that the tier's own rule decides.
 
 Durability: `flush()` makes everything put before it durable; between flushes `on_media(key)`
 says whether one copy already is (a write-through tier's at once; the nvme log's once a sync

@@ -94,5 +94,5 @@ def mostly_free(st: LogState) -> bool:
     round and dropped every cold object while nearly empty (60 of 60 acknowledged objects gone
     after 13 restarts with 3 MB of a 15 MB log live). The cache drops only for room: copied
     forward, a reclaim of a mostly free log costs a write of what is live in one region, and
-    the log then reclaims the region with the fewest live bytes (`RegionLog._free_victim`)."""
+    the log then reclaims the region with the fewest live bytes (`choose_victim`)."""
     return st.live * 2 <= st.region_count * st.config.region_size
