@@ -3,10 +3,10 @@
 A flushed object, read a few times, sits in the log's oldest region with objects never read that
 keep the log over half live (a mostly free log reclaims its emptiest region first, not its
 oldest); overwrites of another key fill the log until that region is reclaimed, which keeps the
-object (copies it into the new head, the reclaimed region itself) rather than dropping it. The writer is then killed with SIGKILL, no flush in
-between. The reused region's new header, which makes its old records stale, used to reach the
-media alone, the copied entry only with the head's later writes: after the kill, the flushed
-object was gone in every run.
+object (copies it into the new head, the reclaimed region itself) rather than dropping it. The
+writer is then killed with SIGKILL, no flush in between. The reused region's new header, which
+makes its old records stale, used to reach the media alone, the copied entry only with the
+head's later writes: after the kill, the flushed object was gone in every run.
 """
 
 from __future__ import annotations
