@@ -130,7 +130,7 @@ class Moves:
         st = self._st
         async with st.keys.hold(entry.key) as claim:
             if (st.index.get(entry.key) is not entry or entry.key in st.pins
-                    or st.lasting_elsewhere(entry, -1)):
+                    or st.lasting_elsewhere(entry, None)):
                 return
             if await self._remove(entry, list(entry.locations), claim):
                 st.counters.drops += 1

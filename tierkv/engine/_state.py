@@ -237,9 +237,9 @@ class EngineState:
             self.stranding.add(task)
             task.add_done_callback(self.stranding.discard)
 
-    def lasting_elsewhere(self, entry: IndexEntry, tier: int) -> bool:
-        """Whether a copy of `entry` other than `tier`'s outlives a restart (in a persistent
-        tier, or in the shared one)."""
+    def lasting_elsewhere(self, entry: IndexEntry, tier: int | None) -> bool:
+        """Whether a copy of `entry` other than `tier`'s (any, for None) outlives a restart
+        (in a persistent tier, or in the shared one)."""
         shared = self.scheduler.shared
         return any(self.tiers[t].persistent or t == shared for t in entry.locations
                    if t != tier)
